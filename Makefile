@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dtg-installed
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# torch/torchvision are pinned here (not in pyproject) to the wheels that lie on
+# this machine's disk; elsewhere pip takes whatever build your platform offers.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1 || $(PY) -m pip install -q torch torchvision
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/dtg demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_centrality.py
+	$(PY) benchmarks/bench_pipeline.py
+
+clean:
+	rm -rf $(VENV) demo-out report .pytest_cache

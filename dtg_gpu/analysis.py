@@ -1,0 +1,250 @@
+r"""``analyze`` one run and ``featurize`` many: the public face of steps 2–4."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .centrality import Method, attainable_tol
+from .checkpoints import Run
+from .engine import resolve_device, solve_timesteps, load_blocks
+from .exceptions import InsufficientCheckpointsError
+from .features import check_alpha, temporal_features
+from .graph import to_networkx as _to_networkx, to_pyg
+from .statistics import STATISTICS, timestep_statistics
+from .topology import ChannelTopology
+
+__all__ = ["AnalysisResult", "analyze", "featurize"]
+
+
+@dataclass
+class AnalysisResult:
+    r"""Everything :func:`analyze` learns about one run.
+
+    Attributes
+    ----------
+    centrality : Tensor ``[T, N]``
+        Eigenvector centrality per timestep, nodes in SPEC step 2 order. NaN rows for
+        checkpoints with non-finite weights.
+    eigenvalue, residual : Tensor ``[T]``
+        ``λ₁`` and the relative residual ``‖Ax − λx‖₂/λ``.
+    iterations : LongTensor ``[T]``
+    converged, finite, connected : BoolTensor ``[T]``
+        Solver converged; weights all finite; positive-weight graph connected (else the
+        Perron vector is not unique).
+    stats : Tensor ``[T, 5]``
+        Mean, std, median, skewness, kurtosis of each timestep (before smoothing).
+    features : Tensor ``[5·T]``
+        Smoothed statistics, concatenated in time order.
+    """
+
+    run: Run
+    topology: ChannelTopology
+    centrality: torch.Tensor
+    eigenvalue: torch.Tensor
+    residual: torch.Tensor
+    iterations: torch.Tensor
+    converged: torch.Tensor
+    finite: torch.Tensor
+    connected: torch.Tensor
+    stats: torch.Tensor
+    features: torch.Tensor
+    alpha: float
+    settings: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.centrality.shape[0]
+
+    def _blocks(self, t: int):
+        if not -len(self) <= t < len(self):
+            raise IndexError(f"timestep {t} out of range for a run of {len(self)} checkpoints")
+        t = t % len(self)
+        blocks, _ = load_blocks(self.topology, [self.run.weights(t)], torch.device("cpu"),
+                                self.centrality.dtype)
+        return blocks
+
+    def graph(self, t: int):
+        """Timestep ``t`` as ``torch_geometric.data.Data(edge_index, edge_weight, num_nodes)``.
+
+        Both directions of every edge, self-loops once, parallel edges summed. The weights
+        are re-read from checkpoint ``t``.
+        """
+        return to_pyg(self.topology, self._blocks(t), 0)
+
+    def to_networkx(self, t: int):
+        """Timestep ``t`` as a ``networkx.Graph`` with edge attribute ``"weight"``."""
+        return _to_networkx(self.topology, self._blocks(t), 0)
+
+    def table(self):
+        """One row per timestep: statistics, smoothed statistics and solver flags (pandas)."""
+        import pandas as pd
+
+        t = len(self)
+        smoothed = self.features.reshape(t, len(STATISTICS))
+        data: dict[str, Any] = {"run": [self.run.name] * t, "t": list(range(t))}
+        for i, s in enumerate(STATISTICS):
+            data[s] = self.stats[:, i].tolist()
+        for i, s in enumerate(STATISTICS):
+            data[f"{s}_smoothed"] = smoothed[:, i].tolist()
+        data.update(eigenvalue=self.eigenvalue.tolist(), residual=self.residual.tolist(),
+                    iterations=self.iterations.tolist(), converged=self.converged.tolist(),
+                    finite=self.finite.tolist(), connected=self.connected.tolist())
+        return pd.DataFrame(data)
+
+    def to_dict(self) -> dict:
+        """Plain-Python summary (JSON-serialisable): per-timestep table and settings."""
+        return {"run": self.run.name, "num_nodes": self.topology.num_nodes,
+                "num_layers": len(self.topology.layers), "alpha": self.alpha,
+                "settings": self.settings, "timesteps": self.table().to_dict(orient="records")}
+
+
+def _check_common(tol, max_iter, method) -> None:
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    if not (isinstance(max_iter, int) and max_iter >= 1):
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    if method not in ("auto", "lanczos", "networkx"):
+        raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
+
+
+def analyze(run: Run, alpha: float = 0.5, device: str | torch.device | None = None,
+            dtype: torch.dtype = torch.float32, tol: float = 1e-6, max_iter: int = 1000,
+            method: Method = "auto", chunk_size: int | None = None) -> AnalysisResult:
+    r"""Centrality, statistics and temporal features of every checkpoint of one run.
+
+    Parameters
+    ----------
+    run : Run
+    alpha : float in (0, 1], default 0.5
+        Temporal reinforcement constant (SPEC step 4).
+    device : str or torch.device, optional
+        ``None`` picks CUDA when available, else the CPU.
+    dtype : torch.float32 or torch.float64
+    tol : float, default 1e-6
+        Relative residual ``‖Ax − λx‖₂/λ`` per graph (``method="networkx"``: NetworkX's
+        ``Σ|Δx| < N·tol``), floored at 32·eps of ``dtype`` (3.8e-6 in float32; the value
+        used is ``res.settings["effective_tol"]``). For float64 agreement with NetworkX to
+        1e-9, ask ``tol=1e-10``.
+    max_iter : int, default 1000
+    method : {"auto", "lanczos", "networkx"}
+    chunk_size : int, optional
+        Timesteps solved together; by default sized to a 1 GiB working set.
+
+    Returns
+    -------
+    AnalysisResult
+
+    Raises
+    ------
+    ValueError
+        An empty run, or a bad parameter (named in the message).
+    CheckpointError
+        A checkpoint is unreadable or does not fit the model (names the file and parameter).
+
+    Warns
+    -----
+    NonFiniteWeightsWarning, ConvergenceWarning, DisconnectedGraphWarning
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 2))
+    >>> res = analyze(Run(model=net, checkpoints=[net.state_dict()] * 3), device="cpu")
+    >>> res.centrality.shape, res.stats.shape, res.features.shape
+    (torch.Size([3, 7]), torch.Size([3, 5]), torch.Size([15]))
+    """
+    if not isinstance(run, Run):
+        raise TypeError(f"analyze expects a dtg_gpu.Run, got {type(run).__name__}")
+    if len(run) == 0:
+        raise ValueError(f"run {run.name!r} has no checkpoints")
+    alpha = check_alpha(alpha)
+    _check_common(tol, max_iter, method)
+    dev = resolve_device(device)
+    topo = run.topology
+    out = solve_timesteps([(run, t) for t in range(len(run))], topo, device=dev, dtype=dtype,
+                          tol=tol, max_iter=max_iter, method=method, chunk_size=chunk_size)
+    stats = timestep_statistics(out.centrality)
+    return AnalysisResult(
+        run=run, topology=topo, centrality=out.centrality, eigenvalue=out.eigenvalue,
+        residual=out.residual, iterations=out.iterations, converged=out.converged,
+        finite=out.finite, connected=out.connected, stats=stats,
+        features=temporal_features(stats, alpha), alpha=alpha,
+        settings=dict(tol=tol, effective_tol=(tol if method == "networkx" else attainable_tol(tol, dtype)),
+                      max_iter=max_iter, method=method, dtype=str(dtype), device=str(dev)))
+
+
+def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 0.5,
+              device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
+              tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
+              chunk_size: int | None = None, progress: bool = False,
+              return_stats: bool = False):
+    r"""Temporal features of many runs: ``[len(runs), 5·k]``.
+
+    Runs that share an architecture are solved together, ``runs·k`` graphs per batch
+    (chunked to a memory budget).
+
+    Parameters
+    ----------
+    runs : sequence of Run
+    timesteps : int, optional
+        ``k``: use the first ``k`` checkpoints of each run (default: the shortest run's
+        length).
+    alpha, device, dtype, tol, max_iter, method, chunk_size
+        As in :func:`analyze`.
+    progress : bool, default False
+        Show a tqdm bar over graphs.
+    return_stats : bool, default False
+        Also return the raw statistics ``[len(runs), k, 5]``.
+
+    Returns
+    -------
+    Tensor ``[len(runs), 5·k]`` (and the statistics with ``return_stats``). A run with
+    non-finite weights in its first ``k`` checkpoints has NaN features from that timestep on.
+
+    Raises
+    ------
+    ValueError
+        No runs, ``alpha`` outside (0, 1], ``timesteps < 1``.
+    InsufficientCheckpointsError
+        A run has fewer than ``k`` checkpoints (the message names it).
+    """
+    runs = list(runs)
+    if not runs:
+        raise ValueError("featurize needs at least one run; the sweep is empty")
+    alpha = check_alpha(alpha)
+    _check_common(tol, max_iter, method)
+    shortest = min(runs, key=len)
+    k = len(shortest) if timesteps is None else timesteps
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"timesteps must be a positive integer, got {timesteps!r}")
+    short = [r for r in runs if len(r) < k]
+    if short:
+        raise InsufficientCheckpointsError(
+            f"timesteps={k} but run {short[0].name!r} has only {len(short[0])} checkpoints"
+            + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else ""))
+    dev = resolve_device(device)
+    groups: dict[int, list[int]] = {}
+    topos: dict[int, ChannelTopology] = {}
+    for i, run in enumerate(runs):
+        topo = run.topology
+        groups.setdefault(id(topo), []).append(i)
+        topos[id(topo)] = topo
+    stats = torch.empty(len(runs), k, 5, dtype=dtype)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(runs) * k, desc="centrality", unit="graph")
+    try:
+        for key, idx in groups.items():
+            items = [(runs[i], t) for i in idx for t in range(k)]
+            out = solve_timesteps(items, topos[key], device=dev, dtype=dtype, tol=tol,
+                                  max_iter=max_iter, method=method, chunk_size=chunk_size,
+                                  progress=bar)
+            stats[idx] = timestep_statistics(out.centrality).reshape(len(idx), k, 5)
+    finally:
+        if bar is not None:
+            bar.close()
+    feats = temporal_features(stats, alpha)
+    return (feats, stats) if return_stats else feats

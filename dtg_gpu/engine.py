@@ -1,0 +1,181 @@
+r"""The batched engine: (run, timestep) pairs → filter norms → Perron vectors, in chunks.
+
+Graphs of one architecture are solved together, ``[runs·T, …]`` at a time, in chunks
+sized to a memory budget; the next chunk's checkpoints are read in a background thread
+while the current chunk is solved, so reading files overlaps with compute.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .centrality import Method, solve_perron
+from .checkpoints import Run
+from .exceptions import ConvergenceWarning, DisconnectedGraphWarning, NonFiniteWeightsWarning
+from .graph import BlockOperator, filter_norms
+from .topology import ChannelTopology
+
+__all__ = ["resolve_device", "GraphBatchResult", "solve_timesteps", "load_blocks"]
+
+DEFAULT_BUDGET_BYTES = 1 << 30
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` → CUDA when available, else CPU; anything else as given, validated."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or None, got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but CUDA is not available here")
+    return dev
+
+
+def _check_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+@dataclass
+class GraphBatchResult:
+    """Per graph (``[G]`` rows, in the order asked): the centrality and its flags."""
+
+    centrality: torch.Tensor   # [G, N]
+    eigenvalue: torch.Tensor   # [G]
+    residual: torch.Tensor     # [G]
+    iterations: torch.Tensor   # [G] long
+    converged: torch.Tensor    # [G] bool
+    finite: torch.Tensor       # [G] bool: weights were all finite
+    connected: torch.Tensor    # [G] bool: positive-weight graph is connected (Perron vector unique)
+
+
+def load_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]],
+                device: torch.device, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Filter-norm blocks ``[G, out, C/g]`` per layer of ``G`` checkpoints, and their finiteness.
+
+    Blocks of a checkpoint with any NaN/Inf weight are zeroed so that they cannot leak into
+    the other graphs of the batch.
+    """
+    finite = torch.ones(len(weights), dtype=torch.bool, device=device)
+    blocks = []
+    for layer in topology.layers:
+        w = torch.stack([ws[layer.param].to(device=device, dtype=dtype, non_blocking=True)
+                         for ws in weights])
+        b = filter_norms(w, layer)
+        finite &= torch.isfinite(b.reshape(len(weights), -1)).all(1)
+        blocks.append(b)
+    if not bool(finite.all()):
+        blocks = [b.masked_fill(~finite[:, None, None], 0.0) for b in blocks]
+    return blocks, finite
+
+
+def _reachable_everywhere(op: BlockOperator, which: torch.Tensor) -> torch.Tensor:
+    """Exact connectivity of the positive-weight graphs ``which`` by reachability from node 0.
+
+    ``r ← r ∨ (A r > 0)`` until nothing changes: with non-negative weights a node gains
+    reach exactly when a positive edge joins it to a reached node. Costs one product per
+    step of the graph's eccentricity (a few per layer), and runs only for graphs that hold
+    an exactly-zero weight slice.
+    """
+    r = torch.zeros(op.num_graphs, op.num_nodes, dtype=op.dtype, device=op.device)
+    r[:, 0] = 1.0
+    for _ in range(op.num_nodes):
+        grown = torch.maximum(r, (op(r) > 0).to(op.dtype))
+        if torch.equal(grown, r):
+            break
+        r = grown
+    return (r > 0).all(1) | ~which
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int, ncv: int = 32) -> int:
+    """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit ``budget`` bytes."""
+    item = torch.finfo(dtype).bits // 8
+    sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
+    # loaded checkpoint (twice: prefetch) + one stacked layer + blocks + Lanczos vectors
+    per_graph = item * (2 * sum(sizes) + max(sizes) + topology.num_edges
+                        + (ncv + 4) * topology.num_nodes)
+    return max(1, int(budget // max(per_graph, 1)))
+
+
+def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology, *,
+                    device: torch.device, dtype: torch.dtype, tol: float, max_iter: int,
+                    method: Method, chunk_size: int | None = None,
+                    budget_bytes: int = DEFAULT_BUDGET_BYTES, warn: bool = True,
+                    progress=None) -> GraphBatchResult:
+    """Solve the graphs of ``(run, t)`` pairs that share ``topology``; results on the CPU."""
+    _check_dtype(dtype)
+    items = list(items)
+    size = chunk_size or chunk_size_for(topology, dtype, budget_bytes)
+    parts: list[GraphBatchResult] = []
+    structural = topology.structurally_connected()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        chunks = list(_chunks(items, size))
+        load = lambda chunk: [run.weights(t) for run, t in chunk]  # noqa: E731
+        pending = pool.submit(load, chunks[0]) if chunks else None
+        for i, chunk in enumerate(chunks):
+            weights = pending.result()
+            pending = pool.submit(load, chunks[i + 1]) if i + 1 < len(chunks) else None
+            blocks, finite = load_blocks(topology, weights, device, dtype)
+            del weights
+            op = BlockOperator(topology, blocks)
+            mask = torch.ones(len(chunk), topology.num_nodes, dtype=torch.bool, device=device)
+            res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
+            connected = finite & (res.eigenvalue > 0)
+            if not structural:
+                connected &= False
+            else:
+                zero = op.has_zero_weights() & connected
+                zero &= ~op.layers_positively_connected()
+                if bool(zero.any()):
+                    connected &= _reachable_everywhere(op, zero)
+            nan = torch.tensor(float("nan"), dtype=dtype, device=device)
+            parts.append(GraphBatchResult(
+                centrality=torch.where(finite[:, None], res.vector, nan).cpu(),
+                eigenvalue=torch.where(finite, res.eigenvalue, nan).cpu(),
+                residual=torch.where(finite, res.residual, nan).cpu(),
+                iterations=res.iterations.cpu(),
+                converged=(res.converged & finite).cpu(),
+                finite=finite.cpu(), connected=connected.cpu()))
+            del blocks, op
+            if progress is not None:
+                progress.update(len(chunk))
+    out = GraphBatchResult(*(torch.cat([getattr(p, f) for p in parts])
+                             for f in GraphBatchResult.__dataclass_fields__))
+    if warn:
+        _warn(items, out)
+    return out
+
+
+def _names(items, mask) -> str:
+    hits = [f"{run.name}[t={t}]" for (run, t), m in zip(items, mask.tolist()) if m]
+    more = f" and {len(hits) - 8} more" if len(hits) > 8 else ""
+    return ", ".join(hits[:8]) + more
+
+
+def _warn(items, out: GraphBatchResult) -> None:
+    if not bool(out.finite.all()):
+        warnings.warn(f"non-finite (NaN/Inf) weights at {_names(items, ~out.finite)}: their "
+                      "centrality is NaN", NonFiniteWeightsWarning, stacklevel=3)
+    bad = out.finite & ~out.converged
+    if bool(bad.any()):
+        warnings.warn(f"eigenvector centrality did not converge at {_names(items, bad)} "
+                      f"(largest residual {float(out.residual[bad].max()):.3g}); raise max_iter "
+                      "or tol", ConvergenceWarning, stacklevel=3)
+    disc = out.finite & ~out.connected
+    if bool(disc.any()):
+        warnings.warn(f"disconnected or all-zero graph at {_names(items, disc)}: its Perron "
+                      "vector is not unique", DisconnectedGraphWarning, stacklevel=3)

@@ -1,0 +1,65 @@
+"""Exceptions and warnings of dtg_gpu: one root, each named for what went wrong."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DTGError",
+    "CheckpointError",
+    "UnsafeCheckpointError",
+    "TopologyError",
+    "InsufficientCheckpointsError",
+    "DatasetNotFoundError",
+    "DTGWarning",
+    "ConvergenceWarning",
+    "NonFiniteWeightsWarning",
+    "DisconnectedGraphWarning",
+    "TracingFallbackWarning",
+]
+
+
+class DTGError(Exception):
+    """Root of every error dtg_gpu raises on purpose."""
+
+
+class CheckpointError(DTGError, ValueError):
+    """A checkpoint file or state dict is missing, corrupt, or does not fit the model.
+
+    The message names the checkpoint (file path or index) and, where relevant,
+    the parameter.
+    """
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint would execute code when unpickled; it was refused, nothing ran."""
+
+
+class TopologyError(DTGError, ValueError):
+    """The channel graph of a model cannot be derived (unsupported structure)."""
+
+
+class InsufficientCheckpointsError(DTGError, ValueError):
+    """A run holds fewer checkpoints than requested (e.g. ``timesteps=k``)."""
+
+
+class DatasetNotFoundError(DTGError, FileNotFoundError):
+    """A dataset is not under the data root; the message says where we looked."""
+
+
+class DTGWarning(UserWarning):
+    """Root of dtg_gpu's warnings."""
+
+
+class ConvergenceWarning(DTGWarning):
+    """Some graphs did not reach the requested tolerance within ``max_iter``."""
+
+
+class NonFiniteWeightsWarning(DTGWarning):
+    """Some checkpoints hold NaN/Inf weights; their centrality is NaN."""
+
+
+class DisconnectedGraphWarning(DTGWarning):
+    """Some graphs are disconnected (or all-zero): their Perron vector is not unique."""
+
+
+class TracingFallbackWarning(DTGWarning):
+    """The model could not be traced with torch.fx; module order was used instead."""

@@ -1,0 +1,88 @@
+r"""Temporal reinforcement and aggregation of per-timestep statistics (SPEC steps 4.2–4.3).
+
+.. math::
+    \tilde s_1 = s_1, \qquad \tilde s_t = \alpha s_t + (1 - \alpha)\,\tilde s_{t-1},
+    \qquad 0 < \alpha \le 1
+
+computed for all timesteps at once as :math:`\tilde S = W S` with the lower-triangular
+:math:`W_{t,1} = (1-\alpha)^{t-1}`, :math:`W_{t,j} = \alpha (1-\alpha)^{t-j}` (``1 < j ≤ t``).
+The run's feature is :math:`[\tilde s_1, \dots, \tilde s_k]` concatenated in time order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_alpha", "reinforcement_weights", "temporal_reinforcement", "temporal_features"]
+
+
+def check_alpha(alpha: float) -> float:
+    """Validate the reinforcement constant: ``0 < alpha <= 1``."""
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha must be a number in (0, 1], got {alpha!r}") from None
+    if not 0.0 < a <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+    return a
+
+
+def reinforcement_weights(t: int, alpha: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
+    r"""The ``[T, T]`` lower-triangular matrix :math:`W` with :math:`\tilde S = W S`."""
+    a = check_alpha(alpha)
+    i = torch.arange(t, device=device, dtype=dtype)
+    lag = i[:, None] - i[None, :]
+    w = a * (1.0 - a) ** lag.clamp_min(0)
+    w[:, 0] = (1.0 - a) ** i
+    return torch.where(lag >= 0, w, torch.zeros_like(w))
+
+
+def temporal_reinforcement(stats: torch.Tensor, alpha: float) -> torch.Tensor:
+    r"""Smooth statistics over time.
+
+    Parameters
+    ----------
+    stats : Tensor ``[..., T, F]``
+    alpha : float in (0, 1]
+        Weight of the present; ``alpha = 1`` leaves ``stats`` unchanged.
+
+    Returns
+    -------
+    Tensor ``[..., T, F]``
+        A NaN at ``t`` only affects ``t`` and later timesteps.
+
+    Examples
+    --------
+    >>> temporal_reinforcement(torch.tensor([[1.], [3.], [5.]]), alpha=0.5)
+    tensor([[1.0000],
+            [2.0000],
+            [3.5000]])
+    """
+    if stats.dim() < 2:
+        raise ValueError(f"stats must have shape [..., T, F], got {list(stats.shape)}")
+    w = reinforcement_weights(stats.shape[-2], alpha, dtype=stats.dtype, device=stats.device)
+    terms = w[:, :, None] * stats.unsqueeze(-3)              # [..., T, T, F]
+    keep = (w != 0)[:, :, None] | torch.eye(w.shape[0], dtype=torch.bool, device=w.device)[:, :, None]
+    return torch.where(keep, terms, torch.zeros_like(terms)).sum(-2)
+
+
+def temporal_features(stats: torch.Tensor, alpha: float, timesteps: int | None = None) -> torch.Tensor:
+    r"""The run's temporal feature: smoothed statistics of the first ``k`` timesteps, flattened.
+
+    Parameters
+    ----------
+    stats : Tensor ``[..., T, 5]``
+    alpha : float in (0, 1]
+    timesteps : int, optional
+        ``k <= T`` (all timesteps if omitted).
+
+    Returns
+    -------
+    Tensor ``[..., 5·k]``: ``[s̃_1, …, s̃_k]`` in time order.
+    """
+    t = stats.shape[-2]
+    k = t if timesteps is None else int(timesteps)
+    if not 1 <= k <= t:
+        raise ValueError(f"timesteps must be in [1, {t}], got {timesteps!r}")
+    smoothed = temporal_reinforcement(stats[..., :k, :], alpha)
+    return smoothed.reshape(*stats.shape[:-2], k * stats.shape[-1])

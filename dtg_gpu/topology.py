@@ -1,0 +1,447 @@
+r"""The channel topology of a model: which channel spaces every weight layer joins (SPEC step 2).
+
+A model's *weight layers* are its ``Conv1d/2d/3d`` and ``Linear`` modules, in the order
+the forward pass runs them. Its *nodes* are channel spaces: the input channels of the
+first weight layer and the output channels / features of every weight layer. This module
+derives, once per architecture, for every weight layer the node index of each output
+unit and each input unit. Weights never enter here: the same topology serves every
+checkpoint of every run of that architecture.
+
+The forward pass is read with :mod:`torch.fx`. Each traced value carries the node ids of
+its channel dimension; these rules move them along:
+
+* a weight layer allocates new ids for its outputs;
+* ``a + b`` / ``a - b`` of two tensors with the same channel count unifies their ids
+  (residual streams are one set of nodes);
+* ``torch.cat(..., dim=1)`` concatenates ids; channel slicing is not modelled;
+* ``flatten`` / ``view(B, -1)`` keeps the ids and marks the value flat, so a ``Linear``
+  with ``in = C·S`` sees ``C`` channels of ``S`` positions each;
+* every other op (activations, pooling, normalisation, dropout, ...) keeps its first
+  tensor argument's ids.
+
+Nodes are numbered in order of first appearance: a unified class takes the place of its
+earliest member.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .exceptions import TopologyError, TracingFallbackWarning
+
+__all__ = ["WeightLayer", "ChannelTopology", "channel_topology"]
+
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_PARAM_OK = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.LayerNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.PReLU, nn.LocalResponseNorm,
+)
+
+
+@dataclass(frozen=True, eq=False)
+class WeightLayer:
+    r"""One weight layer and the nodes it joins.
+
+    Attributes
+    ----------
+    name : str
+        Qualified module name (``"features.0"``).
+    param : str
+        State-dict key of its weight (``"features.0.weight"``).
+    kind : {"conv", "linear"}
+    weight_shape : tuple of int
+        Shape of the weight, ``[out, in/groups, k...]`` or ``[out, in]``.
+    out_nodes : LongTensor ``[out]``
+        Node of each output channel / feature.
+    in_nodes : LongTensor ``[C]``
+        Node of each input channel. For a ``Linear`` after a flatten, ``C = in / spatial``.
+    groups : int
+        Convolution groups: output ``i`` of group ``g`` joins inputs
+        ``in_nodes[g·C/groups : (g+1)·C/groups]``.
+    spatial : int
+        Positions per channel ``S`` of a flattened map consumed by a ``Linear``.
+    """
+
+    name: str
+    param: str
+    kind: Literal["conv", "linear"]
+    weight_shape: tuple[int, ...]
+    out_nodes: torch.Tensor
+    in_nodes: torch.Tensor
+    groups: int = 1
+    spatial: int = 1
+
+    @property
+    def out_channels(self) -> int:
+        return int(self.out_nodes.numel())
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.in_nodes.numel())
+
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        """Shape ``(out, C/groups)`` of the filter-norm block of one checkpoint."""
+        return (self.out_channels, self.in_channels // self.groups)
+
+    @property
+    def num_edges(self) -> int:
+        return self.out_channels * (self.in_channels // self.groups)
+
+    def edge_index(self) -> torch.Tensor:
+        """Structural edges ``[2, out·C/groups]`` (row: output node, col: input node).
+
+        Ordered like ``block.reshape(-1)`` of the layer's filter-norm block.
+        """
+        out, cin = self.block_shape
+        i = torch.arange(out).repeat_interleave(cin)
+        j = torch.arange(cin).repeat(out)
+        group = i // (out // self.groups)
+        return torch.stack([self.out_nodes[i], self.in_nodes[group * cin + j]])
+
+
+@dataclass(frozen=True, eq=False)
+class ChannelTopology:
+    """The node layout of a model's channel graph (SPEC step 2), independent of weights.
+
+    Attributes
+    ----------
+    layers : tuple of WeightLayer
+        In forward order.
+    num_nodes : int
+    node_owner : tuple of str
+        For each node, the name of the layer whose output first created it (``"input"``
+        for the input channels of the first weight layer).
+    traced : bool
+        ``False`` when torch.fx failed and module registration order was used.
+    """
+
+    layers: tuple[WeightLayer, ...]
+    num_nodes: int
+    node_owner: tuple[str, ...]
+    traced: bool = True
+    _components: list = field(default_factory=list, repr=False)
+
+    @property
+    def num_edges(self) -> int:
+        """Number of (layer, output, input) weight slices, parallel edges counted apart."""
+        return sum(layer.num_edges for layer in self.layers)
+
+    @property
+    def params(self) -> list[str]:
+        """State-dict keys of the weights the graph is made from (no duplicates)."""
+        return list(dict.fromkeys(layer.param for layer in self.layers))
+
+    def signature(self) -> tuple:
+        """A hashable key: two models with equal signatures share every graph index."""
+        return (self.num_nodes,) + tuple(
+            (l.param, l.weight_shape, l.groups, l.spatial,
+             tuple(l.out_nodes.tolist()), tuple(l.in_nodes.tolist()))
+            for l in self.layers
+        )
+
+    def structurally_connected(self) -> bool:
+        """Whether the graph is connected when every weight slice is non-zero."""
+        if not self._components:
+            parent = np.arange(self.num_nodes)
+
+            def find(a: int) -> int:
+                while parent[a] != a:
+                    parent[a] = parent[parent[a]]
+                    a = parent[a]
+                return a
+
+            for layer in self.layers:
+                out, cin = layer.block_shape
+                opg = out // layer.groups
+                for g in range(layer.groups):
+                    members = torch.cat([layer.out_nodes[g * opg:(g + 1) * opg],
+                                         layer.in_nodes[g * cin:(g + 1) * cin]]).tolist()
+                    root = find(members[0])
+                    for m in members[1:]:
+                        parent[find(m)] = root
+            roots = {find(a) for a in range(self.num_nodes)}
+            self._components.append(len(roots))
+        return self._components[0] == 1
+
+
+# ----------------------------------------------------------------------------- tracing
+class _Cell:
+    """A channel space whose node ids may be fixed later (the model input)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: np.ndarray | None = None):
+        self.ids = ids
+
+
+@dataclass
+class _Val:
+    cell: _Cell
+    flat: bool = False
+
+
+class _Builder:
+    """Provisional node ids with union-find; final numbering by first appearance."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.owner: list[str] = []
+        self.layers: list[dict[str, Any]] = []
+
+    def alloc(self, n: int, owner: str) -> np.ndarray:
+        start = len(self.parent)
+        self.parent.extend(range(start, start + n))
+        self.owner.extend([owner] * n)
+        return np.arange(start, start + n)
+
+    def find(self, a: int) -> int:
+        p = self.parent
+        while p[a] != a:
+            p[a] = p[p[a]]
+            a = p[a]
+        return a
+
+    def union(self, a: np.ndarray, b: np.ndarray) -> None:
+        for x, y in zip(a.tolist(), b.tolist()):
+            rx, ry = self.find(x), self.find(y)
+            if rx != ry:  # keep the earlier id as root: root == min of its class
+                self.parent[max(rx, ry)] = min(rx, ry)
+
+    def add_layer(self, name: str, module: nn.Module, val: _Val, kind: str) -> _Val:
+        w = module.weight
+        if kind == "conv":
+            cin, groups, spatial = module.in_channels, module.groups, 1
+            out = module.out_channels
+        else:
+            cin, groups, spatial = module.in_features, 1, 1
+            out = module.out_features
+        if val.cell.ids is None:  # the model input: its size is fixed by its first consumer
+            val.cell.ids = self.alloc(cin, "input")
+        ids = val.cell.ids
+        if kind == "linear" and len(ids) != cin:
+            if val.flat and cin % len(ids) == 0:
+                spatial, cin = cin // len(ids), len(ids)
+            else:
+                raise TopologyError(
+                    f"layer {name!r} (Linear, in_features={module.in_features}) consumes a "
+                    f"value with {len(ids)} channels; in_features is not a multiple of it")
+        if len(ids) != cin:
+            raise TopologyError(
+                f"layer {name!r} expects {cin} input channels but its input carries {len(ids)}")
+        self.layers.append(dict(name=name, param=f"{name}.weight" if name else "weight",
+                                kind=kind, weight_shape=tuple(w.shape), out=None, in_=ids,
+                                groups=groups, spatial=spatial))
+        out_ids = self.alloc(out, name)
+        self.layers[-1]["out"] = out_ids
+        return _Val(_Cell(out_ids), flat=(kind == "linear"))
+
+    def finish(self, traced: bool) -> ChannelTopology:
+        if not self.layers:
+            raise TopologyError("the model has no Conv1d/2d/3d or Linear layer: its graph is empty")
+        roots = np.array([self.find(a) for a in range(len(self.parent))])
+        used = np.zeros(len(self.parent), dtype=bool)
+        for layer in self.layers:
+            used[roots[layer["in_"]]] = True
+            used[roots[layer["out"]]] = True
+        # roots are the minimum of their class, so sorting roots = order of first appearance
+        order = np.flatnonzero(used)
+        rank = np.full(len(self.parent), -1)
+        rank[order] = np.arange(len(order))
+        node_of = rank[roots]
+        layers = tuple(
+            WeightLayer(name=l["name"], param=l["param"], kind=l["kind"],
+                        weight_shape=l["weight_shape"],
+                        out_nodes=torch.as_tensor(node_of[l["out"]], dtype=torch.long),
+                        in_nodes=torch.as_tensor(node_of[l["in_"]], dtype=torch.long),
+                        groups=l["groups"], spatial=l["spatial"])
+            for l in self.layers)
+        owner = tuple(self.owner[r] for r in order)
+        return ChannelTopology(layers=layers, num_nodes=len(order), node_owner=owner, traced=traced)
+
+
+_ADD = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub}
+_ADD_METHODS = {"add", "add_", "sub", "sub_"}
+_FLATTEN_FN = {torch.flatten}
+_RESHAPE_METHODS = {"view", "reshape", "flatten"}
+_NO_CHANNEL_METHODS = {"size", "dim", "numel", "type", "__len__"}
+
+
+def _tensor_vals(args: Sequence[Any], vals: dict) -> list[_Val]:
+    out = []
+    for a in args:
+        if isinstance(a, torch.fx.Node) and isinstance(vals.get(a), _Val):
+            out.append(vals[a])
+        elif isinstance(a, (list, tuple)):
+            out.extend(_tensor_vals(a, vals))
+    return out
+
+
+def _merge(builder: _Builder, vs: list[_Val]) -> _Val | None:
+    if not vs:
+        return None
+    if len(vs) == 1:
+        return vs[0]
+    a, b = vs[0], vs[1]
+    if a.cell.ids is None or b.cell.ids is None:
+        if a.cell.ids is None and b.cell.ids is not None:
+            a.cell.ids = b.cell.ids
+        elif b.cell.ids is None and a.cell.ids is not None:
+            b.cell.ids = a.cell.ids
+        return a
+    if len(a.cell.ids) == len(b.cell.ids):
+        builder.union(a.cell.ids, b.cell.ids)
+        return a
+    return a if len(a.cell.ids) > len(b.cell.ids) else b  # broadcast of a size-1 channel
+
+
+def _is_flatten(node: torch.fx.Node) -> bool:
+    if node.op == "call_function" and node.target in _FLATTEN_FN:
+        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        return start == 1
+    if node.op == "call_method" and node.target == "flatten":
+        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        return start == 1
+    if node.op in ("call_method", "call_function") and (
+            node.target in ("view", "reshape") or node.target is torch.reshape):
+        shape = node.args[1:] if node.op == "call_method" else node.args[1:]
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        return len(shape) == 2
+    return False
+
+
+def _trace(model: nn.Module) -> ChannelTopology:
+    gm = torch.fx.symbolic_trace(model)
+    modules = dict(gm.named_modules())
+    builder = _Builder()
+    vals: dict[torch.fx.Node, _Val | None] = {}
+    first_input = True
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            vals[node] = _Val(_Cell()) if first_input else None
+            first_input = False
+            continue
+        if node.op in ("get_attr", "output"):
+            vals[node] = None
+            continue
+        args = _tensor_vals(list(node.args) + list(node.kwargs.values()), vals)
+        if node.op == "call_module":
+            mod = modules[node.target]
+            if isinstance(mod, _CONV):
+                vals[node] = builder.add_layer(node.target, mod, args[0], "conv")
+            elif isinstance(mod, nn.Linear):
+                vals[node] = builder.add_layer(node.target, mod, args[0], "linear")
+            elif isinstance(mod, nn.Flatten):
+                vals[node] = _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (
+                    args[0] if args else None)
+            elif any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
+                raise TopologyError(
+                    f"module {node.target!r} ({type(mod).__name__}) has parameters but is neither "
+                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown")
+            else:
+                vals[node] = args[0] if args else None
+            continue
+        target = node.target
+        if node.op == "call_method" and target in _NO_CHANNEL_METHODS:
+            vals[node] = None
+        elif (node.op == "call_function" and target in _ADD) or (
+                node.op == "call_method" and target in _ADD_METHODS):
+            vals[node] = _merge(builder, args)
+        elif node.op == "call_function" and target in (torch.cat, torch.concat):
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            if dim == 1 and all(v.cell.ids is not None for v in args):
+                vals[node] = _Val(_Cell(np.concatenate([v.cell.ids for v in args])),
+                                  flat=all(v.flat for v in args))
+            else:
+                merged = args[0] if args else None
+                for v in args[1:]:
+                    merged = _merge(builder, [merged, v])
+                vals[node] = merged
+        elif _is_flatten(node):
+            vals[node] = _Val(args[0].cell, flat=True) if args else None
+        elif node.op == "call_function" and target is operator.getitem:
+            vals[node] = args[0] if args and node.args[1] is not None else None
+        else:
+            vals[node] = args[0] if args else None
+    return builder.finish(traced=True)
+
+
+def _module_order(model: nn.Module) -> ChannelTopology:
+    builder = _Builder()
+    val = _Val(_Cell())
+    for name, mod in model.named_modules():
+        if isinstance(mod, _CONV):
+            val = builder.add_layer(name, mod, val, "conv")
+        elif isinstance(mod, nn.Linear):
+            val = builder.add_layer(name, mod, _Val(val.cell, flat=True), "linear")
+    return builder.finish(traced=False)
+
+
+_CACHE: dict[tuple, ChannelTopology] = {}
+
+
+def _cache_key(model: nn.Module) -> tuple:
+    return (type(model).__module__, type(model).__qualname__) + tuple(
+        (n, tuple(p.shape)) for n, p in model.state_dict().items())
+
+
+def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopology:
+    r"""Derive the channel graph layout of ``model`` from its forward pass.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any module whose weight layers are ``Conv1d/2d/3d`` and ``Linear``.
+    strict : bool, default False
+        If ``True``, a model that torch.fx cannot trace raises instead of falling back.
+
+    Returns
+    -------
+    ChannelTopology
+        ``num_nodes``, and for each weight layer in forward order its output and input
+        node ids. Cached per architecture (module class and parameter shapes).
+
+    Raises
+    ------
+    TopologyError
+        No weight layer; a structure whose channel mapping is unknown (with ``strict``
+        or when the module-order fallback cannot chain the layers either).
+
+    Warns
+    -----
+    TracingFallbackWarning
+        torch.fx could not trace the model; layers are chained in registration order.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
+    >>> topo = channel_topology(net)
+    >>> topo.num_nodes, [l.spatial for l in topo.layers]
+    (21, [1, 900])
+    """
+    key = _cache_key(model)
+    if key in _CACHE:
+        return _CACHE[key]
+    try:
+        topo = _trace(model)
+    except TopologyError:
+        raise
+    except Exception as exc:  # torch.fx raises many kinds on dynamic control flow
+        if strict:
+            raise TopologyError(f"torch.fx could not trace {type(model).__name__}: {exc}") from exc
+        warnings.warn(
+            f"torch.fx could not trace {type(model).__name__} ({type(exc).__name__}: {exc}); "
+            "building its channel graph from module registration order instead, which is "
+            "only right for plain chains", TracingFallbackWarning, stacklevel=2)
+        topo = _module_order(model)
+    _CACHE[key] = topo
+    return topo
