@@ -22,6 +22,7 @@ convergence on its own:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -230,8 +231,10 @@ class _SparseBatchOperator:
     """Adjacency of a batch of PyG graphs as one CSR matrix over padded node slots."""
 
     def __init__(self, rows, cols, weight, size, dtype):
-        coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), weight.to(dtype), (size, size))
-        self.matrix = coo.coalesce().to_sparse_csr()
+        with warnings.catch_warnings():  # torch's "sparse CSR is beta" notices
+            warnings.simplefilter("ignore", UserWarning)
+            coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), weight.to(dtype), (size, size))
+            self.matrix = coo.coalesce().to_sparse_csr()
         self.dtype = dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -429,7 +429,7 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
     (21, [1, 900])
     """
     key = _cache_key(model)
-    if key in _CACHE:
+    if key in _CACHE and (_CACHE[key].traced or not strict):
         return _CACHE[key]
     try:
         topo = _trace(model)

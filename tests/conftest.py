@@ -1,0 +1,56 @@
+"""Shared fixtures: devices (CPU, and CUDA when present), small models and runs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    """Runs the test on the CPU, and again on CUDA when present (PyG's withCUDA)."""
+    return request.param
+
+
+class GroupedNet(nn.Module):
+    """Grouped and depthwise convs, a concatenation and a self-loop residual (x + conv(x))."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.grouped = nn.Conv2d(8, 16, 3, padding=1, groups=4)
+        self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.branch = nn.Conv2d(8, 4, 1)
+        self.mix = nn.Conv2d(20, 20, 1)          # input and output are the same space
+        self.fc = nn.Linear(20 * 4 * 4, 5)
+
+    def forward(self, x):
+        s = torch.relu(self.stem(x))
+        a = self.depthwise(torch.relu(self.grouped(s)))
+        y = torch.cat([a, self.branch(s)], dim=1)
+        y = y + self.mix(y)
+        y = nn.functional.adaptive_avg_pool2d(y, 4)
+        return self.fc(torch.flatten(y, 1))
+
+
+def make_checkpoints(model: nn.Module, t: int = 3, seed: int = 0, scale: float = 1.0,
+                     drift: float = 0.05) -> list[dict[str, torch.Tensor]]:
+    """``t`` state dicts: the model's weights times ``scale`` plus a random walk."""
+    g = torch.Generator().manual_seed(seed)
+    state = {k: v.detach().clone() * (scale if v.is_floating_point() else 1)
+             for k, v in model.state_dict().items()}
+    out = []
+    for _ in range(t):
+        for k, v in state.items():
+            if v.is_floating_point():
+                v.add_(drift * torch.randn(v.shape, generator=g))
+        out.append({k: v.clone() for k, v in state.items()})
+    return out

@@ -1,0 +1,120 @@
+import numpy as np
+import pytest
+import torch
+
+import dtg_gpu
+from dtg_gpu import NonFiniteWeightsWarning, DisconnectedGraphWarning, ConvergenceWarning, Run, analyze
+from dtg_gpu.models import build_model
+from dtg_gpu.reference import reference_centrality, reference_graph
+
+from conftest import GroupedNet, make_checkpoints
+
+MODELS = {
+    "lenet5": lambda: build_model("lenet5", in_channels=1),
+    "narrow_vgg11": lambda: build_model("vgg11", width=0.125),
+    "resnet20": lambda: build_model("resnet20"),
+    "grouped": GroupedNet,
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("dtype,atol,tol", [(torch.float64, 1e-9, 1e-12), (torch.float32, 1e-5, 1e-6)])
+def test_agrees_with_networkx(name, dtype, atol, tol, device):
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    ckpts = make_checkpoints(model, t=3, scale=4.0)  # larger weights: λ₁ ≫ 1 as when trained
+    res = analyze(Run(model=model, checkpoints=ckpts), device=device, dtype=dtype, tol=tol)
+    assert res.centrality.dtype == dtype and res.converged.all() and res.connected.all()
+    for t in (0, 2):
+        g = reference_graph(res.topology, ckpts[t])
+        ref = reference_centrality(g)
+        np.testing.assert_allclose(res.centrality[t].double().numpy(), ref, atol=atol)
+        assert float(res.eigenvalue[t]) == pytest.approx(
+            float(np.linalg.eigvalsh(nx_dense(g))[-1]), rel=1e-5)
+        assert float(res.residual[t]) <= max(tol, 32 * torch.finfo(dtype).eps)
+
+
+def nx_dense(g):
+    import networkx as nx
+    return nx.to_numpy_array(g, nodelist=range(g.number_of_nodes()))
+
+
+def test_networkx_method_matches_networkx_power_iteration():
+    model = MODELS["lenet5"]()
+    ckpts = make_checkpoints(model, t=2)
+    res = analyze(Run(model=model, checkpoints=ckpts), method="networkx", dtype=torch.float64,
+                  device="cpu", max_iter=5000)
+    for t in range(2):
+        it = int(res.iterations[t])
+        ref = reference_centrality(reference_graph(res.topology, ckpts[t]), "power", max_iter=it)
+        np.testing.assert_allclose(res.centrality[t].numpy(), ref, atol=1e-12)
+
+
+def test_batched_equals_looped_and_featurize_batches_runs(device):
+    model = MODELS["resnet20"]()
+    runs = [Run(model=model, checkpoints=make_checkpoints(model, t=3, seed=s), name=f"r{s}") for s in range(3)]
+    kw = dict(device=device, dtype=torch.float64, tol=1e-12)
+    whole = analyze(runs[0], **kw)
+    for t in range(3):
+        one = analyze(Run(model=model, checkpoints=[runs[0].checkpoints[t]]), **kw)
+        np.testing.assert_allclose(whole.centrality[t].numpy(), one.centrality[0].numpy(), atol=1e-12)
+    chunked = analyze(runs[0], chunk_size=2, **kw)
+    np.testing.assert_allclose(whole.centrality.numpy(), chunked.centrality.numpy(), atol=1e-12)
+    feats = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, **kw)
+    assert feats.shape == (3, 15)
+    for i, run in enumerate(runs):
+        np.testing.assert_allclose(feats[i].numpy(), analyze(run, alpha=0.5, **kw).features.numpy(), atol=1e-10)
+
+
+def test_nan_checkpoints_are_flagged_and_do_not_leak():
+    model = MODELS["lenet5"]()
+    ckpts = make_checkpoints(model, t=4)
+    ckpts[1]["features.0.weight"][0, 0, 0, 0] = float("nan")
+    ckpts[3]["classifier.1.weight"][0, 0] = float("inf")
+    with pytest.warns(NonFiniteWeightsWarning, match=r"t=1\].*t=3\]"):
+        res = analyze(Run(model=model, checkpoints=ckpts, name="diverged"), device="cpu", dtype=torch.float64, tol=1e-12)
+    assert res.finite.tolist() == [True, False, True, False]
+    assert torch.isnan(res.centrality[[1, 3]]).all() and not res.converged[[1, 3]].any()
+    clean = analyze(Run(model=model, checkpoints=[ckpts[0], ckpts[2]]), device="cpu", dtype=torch.float64, tol=1e-12)
+    np.testing.assert_allclose(res.centrality[[0, 2]].numpy(), clean.centrality.numpy(), atol=1e-12)
+    assert torch.isnan(res.stats[1]).all() and torch.isfinite(res.stats[0]).all()
+
+
+def test_zero_and_disconnected_graphs_are_flagged():
+    model = MODELS["lenet5"]()
+    ckpts = make_checkpoints(model, t=3)
+    ckpts[1] = {k: torch.zeros_like(v) for k, v in ckpts[1].items()}
+    ckpts[2]["features.3.weight"][:, 2] = 0.0    # channel 2 of conv1 output loses all edges out
+    ckpts[2]["features.0.weight"][2] = 0.0       # ... and in: node isolated
+    with pytest.warns(DisconnectedGraphWarning, match=r"t=1\].*t=2\]"):
+        res = analyze(Run(model=model, checkpoints=ckpts), device="cpu")
+    assert res.connected.tolist() == [True, False, False]
+    ckpts[0]["features.3.weight"][:, 2] = 0.0    # a zero column alone disconnects nothing
+    assert analyze(Run(model=model, checkpoints=[ckpts[0]]), device="cpu").connected.all()
+
+
+def test_nonconvergence_is_flagged():
+    model = MODELS["lenet5"]()
+    run = Run(model=model, checkpoints=make_checkpoints(model, t=2, scale=5.0))
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        res = analyze(run, method="networkx", max_iter=5, device="cpu")
+    assert not res.converged.any() and (res.residual > 0).all() and (res.iterations == 5).all()
+
+
+def test_graph_and_to_networkx_views(device):
+    model = MODELS["grouped"]()
+    ckpts = make_checkpoints(model, t=2)
+    res = analyze(Run(model=model, checkpoints=ckpts), device=device, dtype=torch.float64)
+    data = res.graph(1)
+    assert data.num_nodes == res.topology.num_nodes
+    from torch_geometric.utils import is_undirected
+    assert is_undirected(data.edge_index, data.edge_weight)
+    x, _ = dtg_gpu.eigenvector_centrality(data.edge_index, data.edge_weight, data.num_nodes, tol=1e-12)
+    np.testing.assert_allclose(x.numpy(), reference_centrality(res.to_networkx(1)), atol=1e-9)
+    g_ref = reference_graph(res.topology, ckpts[1])
+    g = res.to_networkx(1)
+    assert g.number_of_edges() == g_ref.number_of_edges()
+    for u, v, w in list(g_ref.edges(data="weight"))[:200]:
+        assert g[u][v]["weight"] == pytest.approx(w, rel=1e-12)
+    table = res.table()
+    assert list(table.columns[:7]) == ["run", "t", "mean", "std", "median", "skewness", "kurtosis"]

@@ -1,0 +1,108 @@
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from dtg_gpu import TopologyError, TracingFallbackWarning, channel_topology
+from dtg_gpu.models import LeNet5, build_model
+
+from conftest import GroupedNet
+
+
+def _weight_layers(model):
+    return [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def test_lenet5_chain_order_and_count():
+    model = LeNet5(in_channels=1)
+    topo = channel_topology(model)
+    layers = _weight_layers(model)
+    expected = layers[0].in_channels + sum(
+        m.out_channels if isinstance(m, nn.Conv2d) else m.out_features for m in layers)
+    assert topo.num_nodes == expected == 1 + 6 + 16 + 120 + 84 + 10
+    # chain: node ranges in exactly the order in_1, out_1, out_2, ...
+    start = 0
+    assert topo.layers[0].in_nodes.tolist() == [0]
+    start = 1
+    for layer in topo.layers:
+        assert layer.out_nodes.tolist() == list(range(start, start + layer.out_channels))
+        start += layer.out_channels
+    assert topo.layers[2].spatial == 25 and topo.layers[2].in_channels == 16
+
+
+def test_torchvision_vgg11_node_count_from_layer_shapes():
+    model = torchvision.models.vgg11(num_classes=10)
+    topo = channel_topology(model)
+    convs = [m for m in model.features if isinstance(m, nn.Conv2d)]
+    fcs = [m for m in model.classifier if isinstance(m, nn.Linear)]
+    n = convs[0].in_channels + sum(c.out_channels for c in convs) + sum(f.out_features for f in fcs)
+    assert topo.num_nodes == n == 10957  # SPEC step 3 quotes 10,957 nodes
+    assert topo.layers[8].spatial == fcs[0].in_features // convs[-1].out_channels == 49
+    edges = sum(c.out_channels * c.in_channels for c in convs) + 512 * 4096 + 4096 * 4096 + 4096 * 10
+    assert topo.num_edges == edges
+
+
+def test_torchvision_resnet18_residual_stream_is_shared():
+    model = torchvision.models.resnet18(num_classes=10)
+    topo = channel_topology(model)
+    assert topo.traced
+    # stream spaces: stem (64) shared by layer1; each later stage one new 128/256/512 space.
+    # nodes = input 3 + stem 64 + one conv1 output per block + one stream per stage 2..4
+    blocks = [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
+    n = 3 + 64 + sum(b.conv1.out_channels for b in blocks) + 128 + 256 + 512 + 10
+    assert topo.num_nodes == n
+    by_name = {l.name: l for l in topo.layers}
+    stem = by_name["conv1"].out_nodes
+    assert torch.equal(by_name["layer1.0.conv2"].out_nodes, stem)
+    assert torch.equal(by_name["layer1.1.conv2"].out_nodes, stem)
+    assert torch.equal(by_name["layer2.0.downsample.0"].out_nodes, by_name["layer2.0.conv2"].out_nodes)
+    assert torch.equal(by_name["layer2.1.conv1"].in_nodes, by_name["layer2.0.conv2"].out_nodes)
+    assert torch.equal(by_name["fc"].in_nodes, by_name["layer4.1.conv2"].out_nodes)
+    # first appearance order: the stage-2 stream is numbered where layer2.0.conv2 runs
+    assert by_name["layer2.0.conv2"].out_nodes[0] > by_name["layer2.0.conv1"].out_nodes[-1]
+
+
+def test_cifar_resnet20_and_grouped_model():
+    topo = channel_topology(build_model("resnet20"))
+    assert topo.num_nodes == 3 + 16 + 9 * 0 + (16 * 3 + 32 * 3 + 64 * 3) + 32 + 64 + 10
+    g = channel_topology(GroupedNet())
+    by = {l.name: l for l in g.layers}
+    assert by["grouped"].groups == 4 and by["grouped"].block_shape == (16, 2)
+    assert by["depthwise"].block_shape == (16, 1)
+    assert torch.equal(by["mix"].in_nodes, by["mix"].out_nodes)  # x + conv(x): one space
+    assert torch.equal(by["mix"].in_nodes, torch.cat([by["depthwise"].out_nodes, by["branch"].out_nodes]))
+    assert by["fc"].spatial == 16
+    assert g.num_nodes == 3 + 8 + 16 + 16 + 4 + 5
+
+
+def test_untraceable_model_falls_back_with_warning():
+    class Dynamic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 3), nn.Linear(3, 2)
+
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+                x = x * 2
+            return self.b(self.a(x))
+
+    with pytest.warns(TracingFallbackWarning, match="module registration order"):
+        topo = channel_topology(Dynamic())
+    assert not topo.traced and topo.num_nodes == 9
+    with pytest.raises(TopologyError, match="could not trace"):
+        channel_topology(Dynamic(), strict=True)
+
+
+def test_no_weight_layers_and_unknown_parametrised_module():
+    with pytest.raises(TopologyError, match="no Conv1d/2d/3d or Linear"):
+        channel_topology(nn.Sequential(nn.ReLU()))
+    with pytest.raises(TopologyError, match="Embedding"):
+        channel_topology(nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2)))
+
+
+def test_conv1d_conv3d():
+    net = nn.Sequential(nn.Conv1d(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 6, 4))
+    topo = channel_topology(net)
+    assert topo.num_nodes == 2 + 3 + 4 and topo.layers[1].spatial == 6
+    net3 = nn.Sequential(nn.Conv3d(1, 2, 2), nn.Conv3d(2, 2, 1, groups=2))
+    assert channel_topology(net3).num_nodes == 5
