@@ -13,6 +13,8 @@ from .exceptions import (CheckpointError, ConvergenceWarning, DatasetNotFoundErr
                          DisconnectedGraphWarning, DTGError, DTGWarning,
                          InsufficientCheckpointsError, NonFiniteWeightsWarning,
                          TopologyError, TracingFallbackWarning, UnsafeCheckpointError)
+from .evaluation import evaluate
+from .predictor import PerformancePredictor, label_runs, split_runs
 from .features import temporal_features, temporal_reinforcement
 from .graph import BlockOperator, filter_norms
 from .statistics import STATISTICS, timestep_statistics
@@ -27,6 +29,7 @@ __all__ = [
     "CheckpointError", "ConvergenceWarning", "DatasetNotFoundError", "DisconnectedGraphWarning",
     "DTGError", "DTGWarning", "InsufficientCheckpointsError", "NonFiniteWeightsWarning",
     "TopologyError", "TracingFallbackWarning", "UnsafeCheckpointError",
+    "evaluate", "PerformancePredictor", "label_runs", "split_runs",
     "temporal_features", "temporal_reinforcement",
     "BlockOperator", "filter_norms",
     "STATISTICS", "timestep_statistics",

@@ -58,7 +58,7 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
     Examples
     --------
     >>> timestep_statistics(torch.tensor([[1., 2., 3., 10.]]))
-    tensor([[ 4.0000,  3.5355,  2.5000,  1.0182, -0.7600]])
+    tensor([[ 4.0000,  3.5355,  2.5000,  1.0182, -0.7696]])
     """
     if ptr is not None:
         if x.dim() != 1 or ptr.dim() != 1 or int(ptr[-1]) != x.numel() or int(ptr[0]) != 0:

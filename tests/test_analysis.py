@@ -118,3 +118,22 @@ def test_graph_and_to_networkx_views(device):
         assert g[u][v]["weight"] == pytest.approx(w, rel=1e-12)
     table = res.table()
     assert list(table.columns[:7]) == ["run", "t", "mean", "std", "median", "skewness", "kurtosis"]
+
+
+def test_featurize_errors_name_the_run():
+    model = MODELS["lenet5"]()
+    runs = [Run(model=model, checkpoints=make_checkpoints(model, t=3), name="long"),
+            Run(model=model, checkpoints=make_checkpoints(model, t=2), name="short")]
+    with pytest.raises(dtg_gpu.InsufficientCheckpointsError, match="run 'short' has only 2 checkpoints"):
+        dtg_gpu.featurize(runs, timesteps=3, device="cpu")
+    with pytest.raises(ValueError, match="empty"):
+        dtg_gpu.featurize([], timesteps=3)
+    with pytest.raises(ValueError, match="alpha"):
+        dtg_gpu.featurize(runs, timesteps=2, alpha=2.0)
+    assert dtg_gpu.featurize(runs, device="cpu").shape == (2, 10)  # default k: the shortest run
+
+
+def test_all_exports_import_and_are_unique():
+    assert len(dtg_gpu.__all__) == len(set(dtg_gpu.__all__))
+    for name in dtg_gpu.__all__:
+        assert getattr(dtg_gpu, name) is not None

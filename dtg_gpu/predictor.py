@@ -1,0 +1,325 @@
+r"""Labels and the performance predictor (SPEC step 5).
+
+:class:`PerformancePredictor` is a scikit-learn classifier around a small torch MLP trained
+with binary cross-entropy
+
+.. math::
+    L(\omega) = -\frac1n \sum_i \bigl[l_i \log p_i + (1 - l_i) \log (1 - p_i)\bigr]
+
+(the mean rather than SPEC's sum: the same minimiser, a learning rate independent of
+the batch size). Features are standardised with statistics of the training data only.
+
+**Diverged runs.** A run whose weights became NaN/Inf within the checkpoints used has
+non-finite features. The rule, explicit and documented: such a row is *insufficient*
+(``classes_[0]``) with probability 1 at prediction time, and is left out of the MLP's
+training data (it carries no statistics to learn from). NaNs never reach the MLP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.model_selection import StratifiedShuffleSplit
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+__all__ = ["label_runs", "split_runs", "PerformancePredictor"]
+
+
+def _threshold_value(acc: np.ndarray, threshold: float | str) -> float:
+    finite = acc[np.isfinite(acc)]
+    if isinstance(threshold, str):
+        name = threshold.strip().lower()
+        if not finite.size:
+            raise ValueError("no finite accuracy to take a quantile of")
+        if name == "median":
+            return float(np.median(finite))
+        if name.startswith("q"):
+            try:
+                q = float(name[1:])
+            except ValueError:
+                q = -1.0
+            if 0.0 <= q <= 1.0:
+                return float(np.quantile(finite, q))
+        raise ValueError(f"threshold must be a number, 'median' or 'qX' (0 <= X <= 1, e.g. "
+                         f"'q0.75'), got {threshold!r}")
+    try:
+        return float(threshold)
+    except (TypeError, ValueError):
+        raise ValueError(f"threshold must be a number or 'median', got {threshold!r}") from None
+
+
+def label_runs(accuracies: Sequence[float], threshold: float | str = "median") -> np.ndarray:
+    r"""Label runs sufficient (1) when final accuracy ≥ threshold, else insufficient (0).
+
+    Parameters
+    ----------
+    accuracies : sequence of float
+        Final test accuracy of each run. NaN (a diverged run) is insufficient.
+    threshold : float or str, default "median"
+        A fixed accuracy, ``"median"``, or a quantile ``"q0.75"`` of the finite
+        accuracies of this sweep.
+
+    Returns
+    -------
+    ndarray of int ``[runs]``
+
+    Raises
+    ------
+    ValueError
+        No runs, a bad threshold, or every run gets the same label (the message gives the
+        accuracy range and suggests a threshold).
+
+    Examples
+    --------
+    >>> label_runs([0.5, 0.91, 0.95, float("nan")], threshold=0.9)
+    array([0, 1, 1, 0])
+    """
+    acc = np.asarray(accuracies, dtype=float).reshape(-1)
+    if acc.size == 0:
+        raise ValueError("no runs to label: the sweep is empty")
+    thr = _threshold_value(acc, threshold)
+    labels = (np.nan_to_num(acc, nan=-np.inf) >= thr).astype(int)
+    if labels.min() == labels.max():
+        finite = acc[np.isfinite(acc)]
+        rng = f"{finite.min():.4g}..{finite.max():.4g}" if finite.size else "all NaN"
+        raise ValueError(
+            f"every one of the {acc.size} runs is labelled {'sufficient' if labels[0] else 'insufficient'} "
+            f"with threshold {thr:.4g} (accuracies range {rng}); pick a threshold inside that "
+            "range, e.g. threshold='median'")
+    return labels
+
+
+def split_runs(y: Sequence[int], test_size: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified, seeded split: ``test_size`` of each class for testing (SPEC: 90/10).
+
+    Returns the train and test indices.
+    """
+    y = np.asarray(y)
+    sss = StratifiedShuffleSplit(n_splits=1, test_size=test_size, random_state=seed)
+    train, test = next(sss.split(np.zeros((len(y), 1)), y))
+    return train, test
+
+
+def _mlp(n_in: int, hidden: Sequence[int], n_out: int) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    width = n_in
+    for h in hidden:
+        layers += [torch.nn.Linear(width, int(h)), torch.nn.ReLU()]
+        width = int(h)
+    layers.append(torch.nn.Linear(width, n_out))
+    return torch.nn.Sequential(*layers)
+
+
+class PerformancePredictor(ClassifierMixin, BaseEstimator):
+    r"""Predict whether a run ends sufficient from its temporal features.
+
+    Parameters
+    ----------
+    hidden_sizes : tuple of int, default (32,)
+        Widths of the MLP's hidden layers.
+    epochs : int, default 300
+    batch_size : int, default 32
+    optimizer : {"adam", "sgd"}, default "adam"
+    learning_rate : float, default 1e-2
+    weight_decay : float, default 1e-4
+    random_state : int, RandomState or None
+        Seeds weight init and batch order; results are reproducible given it.
+    device : str or None, default "cpu"
+        ``None``: CUDA when available.
+    feature_settings : dict, optional
+        How the features were made (``alpha``, ``timesteps``, ``threshold``, ...); saved
+        with the model so :meth:`predict_runs` featurises new runs the same way.
+
+    Attributes
+    ----------
+    classes_ : ndarray
+    n_features_in_ : int
+    mean_, scale_ : ndarray
+        Standardisation fitted on the training data.
+    network_ : torch.nn.Sequential
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(60, 4)); y = (X[:, 0] > 0).astype(int)
+    >>> clf = PerformancePredictor(random_state=0).fit(X, y)
+    >>> clf.score(X, y) > 0.9
+    True
+    """
+
+    def __init__(self, hidden_sizes: Sequence[int] = (32,), epochs: int = 300, batch_size: int = 32,
+                 optimizer: str = "adam", learning_rate: float = 1e-2, weight_decay: float = 1e-4,
+                 random_state: Any = None, device: str | None = "cpu",
+                 feature_settings: dict | None = None):
+        self.hidden_sizes = hidden_sizes
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
+        self.random_state = random_state
+        self.device = device
+        self.feature_settings = feature_settings
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = True
+        return tags
+
+    # ------------------------------------------------------------------ fitting
+    def _device(self) -> torch.device:
+        from .engine import resolve_device
+        return resolve_device(self.device)
+
+    def _check_params(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        for name in ("epochs", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate!r}")
+        if any(int(h) < 1 for h in self.hidden_sizes):
+            raise ValueError(f"hidden_sizes must be positive, got {self.hidden_sizes!r}")
+
+    def fit(self, X, y) -> "PerformancePredictor":
+        """Fit on features ``X [runs, d]`` and labels ``y [runs]``; returns ``self``."""
+        self._check_params()
+        X, y = validate_data(self, X, y, ensure_all_finite=False, dtype=np.float64)
+        check_classification_targets(y)
+        self.classes_, y_enc = np.unique(y, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError(
+                f"only one class ({self.classes_[0]!r}) is present in the training labels; "
+                "the predictor needs both sufficient and insufficient runs: pick a threshold "
+                "that splits the sweep (e.g. threshold='median')")
+        finite = np.isfinite(X).all(1)
+        if not finite.any():
+            raise ValueError("every training row has non-finite features (all runs diverged)")
+        Xf, yf = X[finite], y_enc[finite]
+        self.mean_ = Xf.mean(0)
+        scale = Xf.std(0)
+        self.scale_ = np.where(scale > 0, scale, 1.0)
+        seed = np.random.RandomState(self.random_state).randint(0, 2**31 - 1) if not isinstance(
+            self.random_state, (int, np.integer)) else int(self.random_state)
+        gen = torch.Generator().manual_seed(seed)
+        torch_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
+        net = _mlp(X.shape[1], self.hidden_sizes, n_out)
+        torch.random.set_rng_state(torch_state)
+        dev = self._device()
+        net = net.to(dev)
+        xt = torch.as_tensor((Xf - self.mean_) / self.scale_, dtype=torch.float32, device=dev)
+        yt = torch.as_tensor(yf, device=dev)
+        opt_cls = torch.optim.Adam if self.optimizer == "adam" else torch.optim.SGD
+        kw = {} if self.optimizer == "adam" else {"momentum": 0.9}
+        opt = opt_cls(net.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **kw)
+        loss_fn = (torch.nn.BCEWithLogitsLoss() if n_out == 1 else torch.nn.CrossEntropyLoss())
+        n = xt.shape[0]
+        bs = min(int(self.batch_size), n)
+        net.train()
+        for _ in range(int(self.epochs)):
+            order = torch.randperm(n, generator=gen).to(dev)
+            for start in range(0, n, bs):
+                idx = order[start:start + bs]
+                out = net(xt[idx])
+                target = yt[idx].float().unsqueeze(1) if n_out == 1 else yt[idx]
+                loss = loss_fn(out, target)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        net.eval()
+        self.network_ = net.cpu()
+        self.loss_ = float(loss.detach())
+        return self
+
+    # --------------------------------------------------------------- prediction
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities ``[runs, n_classes]``; non-finite rows are ``classes_[0]``."""
+        check_is_fitted(self, "network_")
+        X = validate_data(self, X, reset=False, ensure_all_finite=False, dtype=np.float64)
+        finite = np.isfinite(X).all(1)
+        proba = np.zeros((X.shape[0], len(self.classes_)))
+        proba[~finite, 0] = 1.0
+        if finite.any():
+            xt = torch.as_tensor((X[finite] - self.mean_) / self.scale_, dtype=torch.float32)
+            with torch.no_grad():
+                out = self.network_(xt)
+            if len(self.classes_) == 2:
+                p = torch.sigmoid(out[:, 0]).double().numpy()
+                proba[finite] = np.stack([1 - p, p], 1)
+            else:
+                proba[finite] = torch.softmax(out, 1).double().numpy()
+        return proba
+
+    def predict(self, X) -> np.ndarray:
+        """The most probable class of each row."""
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
+
+    def predict_runs(self, runs, device=None) -> np.ndarray:
+        """Featurise ``runs`` with the saved ``feature_settings``, then :meth:`predict_proba`."""
+        from .analysis import featurize
+
+        fs = self.feature_settings or {}
+        if "timesteps" not in fs or "alpha" not in fs:
+            raise ValueError("this predictor has no feature_settings (alpha, timesteps): "
+                             "featurise the runs yourself and call predict_proba")
+        X = featurize(runs, timesteps=int(fs["timesteps"]), alpha=float(fs["alpha"]),
+                      device=device, tol=float(fs.get("tol", 1e-6)),
+                      method=fs.get("method", "auto"))
+        return self.predict_proba(X.double().numpy())
+
+    # -------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the fitted predictor and its feature settings to one ``.safetensors`` file."""
+        from safetensors.torch import save_file
+
+        check_is_fitted(self, "network_")
+        tensors = {f"network.{k}": v.detach().contiguous() for k, v in self.network_.state_dict().items()}
+        tensors["mean"] = torch.as_tensor(self.mean_)
+        tensors["scale"] = torch.as_tensor(self.scale_)
+        params = self.get_params()
+        params["hidden_sizes"] = [int(h) for h in params["hidden_sizes"]]
+        if not isinstance(params["random_state"], (int, type(None))):
+            params["random_state"] = None
+        meta = {"format": "dtg_gpu.PerformancePredictor/1", "params": params,
+                "classes": self.classes_.tolist(), "n_features_in": int(self.n_features_in_)}
+        tmp = f"{os.fspath(path)}.tmp"
+        save_file(tensors, tmp, metadata={"dtg_predictor": json.dumps(meta)})
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PerformancePredictor":
+        """Read a predictor written by :meth:`save` (no pickle, no code)."""
+        from safetensors import safe_open
+
+        from .exceptions import CheckpointError
+
+        try:
+            with safe_open(os.fspath(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {})["dtg_predictor"])
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as exc:  # corrupt file, not ours, missing
+            raise CheckpointError(f"{path}: not a dtg_gpu predictor file: {exc}") from None
+        params = meta["params"]
+        params["hidden_sizes"] = tuple(params["hidden_sizes"])
+        clf = cls(**params)
+        clf.classes_ = np.array(meta["classes"])
+        clf.n_features_in_ = meta["n_features_in"]
+        clf.mean_ = tensors["mean"].numpy()
+        clf.scale_ = tensors["scale"].numpy()
+        n_out = 1 if len(clf.classes_) == 2 else len(clf.classes_)
+        clf.network_ = _mlp(clf.n_features_in_, clf.hidden_sizes, n_out)
+        clf.network_.load_state_dict({k[len("network."):]: v for k, v in tensors.items()
+                                      if k.startswith("network.")})
+        clf.network_.eval()
+        return clf

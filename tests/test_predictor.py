@@ -1,0 +1,89 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import dtg_gpu
+from dtg_gpu import PerformancePredictor, evaluate, label_runs, split_runs
+
+
+@parametrize_with_checks([PerformancePredictor(epochs=60, random_state=0)])
+def test_sklearn_estimator_contract(estimator, check):
+    check(estimator)
+
+
+def test_label_runs_thresholds_and_errors():
+    acc = [0.2, 0.5, 0.9, 0.95, float("nan")]
+    assert label_runs(acc, 0.9).tolist() == [0, 0, 1, 1, 0]
+    assert label_runs(acc, "median").tolist() == [0, 0, 1, 1, 0]   # median of finite = 0.7
+    assert label_runs(acc, "q0.75").tolist() == [0, 0, 0, 1, 0]
+    with pytest.raises(ValueError, match=r"every one of the 5 runs is labelled insufficient.*threshold='median'"):
+        label_runs(acc, 0.99)
+    with pytest.raises(ValueError, match="threshold must be"):
+        label_runs(acc, "mean")
+    with pytest.raises(ValueError, match="empty"):
+        label_runs([], 0.5)
+
+
+def test_split_is_stratified_90_10_and_seeded():
+    y = np.array([0] * 60 + [1] * 40)
+    tr, te = split_runs(y, seed=3)
+    assert len(te) == 10 and (y[te] == 1).sum() == 4 and (y[te] == 0).sum() == 6
+    assert np.array_equal(te, split_runs(y, seed=3)[1])
+    assert not np.array_equal(te, split_runs(y, seed=4)[1])
+
+
+def _synthetic(n=120, d=10, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = (X[:, 0] + 0.5 * X[:, 3] > 0).astype(int)
+    return X, y
+
+
+def test_learns_a_known_rule_and_is_reproducible():
+    X, y = _synthetic()
+    clf = PerformancePredictor(random_state=0).fit(X[:100], y[:100])
+    assert clf.score(X[100:], y[100:]) >= 0.85
+    again = PerformancePredictor(random_state=0).fit(X[:100], y[:100])
+    np.testing.assert_array_equal(clf.predict_proba(X), again.predict_proba(X))
+    sgd = PerformancePredictor(optimizer="sgd", learning_rate=0.05, hidden_sizes=(16, 8), random_state=1)
+    assert sgd.fit(X[:100], y[:100]).score(X[100:], y[100:]) >= 0.8
+
+
+def test_diverged_rows_are_insufficient_and_never_reach_the_mlp():
+    X, y = _synthetic()
+    X[5] = np.nan
+    y[5] = 1  # even if labelled sufficient, it cannot be learned from
+    clf = PerformancePredictor(random_state=0).fit(X, y)
+    Xt = X[:10].copy()
+    Xt[2, 4] = np.inf
+    p = clf.predict_proba(Xt)
+    assert p[2].tolist() == [1.0, 0.0] and p[5].tolist() == [1.0, 0.0]
+    assert np.isfinite(p).all()
+    with pytest.raises(ValueError, match="only one class"):
+        PerformancePredictor().fit(X, np.ones(len(y)))
+
+
+def test_save_load_round_trip(tmp_path):
+    X, y = _synthetic()
+    settings = {"alpha": 0.5, "timesteps": 2, "threshold": "median", "statistics": list(dtg_gpu.STATISTICS)}
+    clf = PerformancePredictor(random_state=0, hidden_sizes=(8, 4), feature_settings=settings).fit(X, y)
+    clf.save(tmp_path / "p.safetensors")
+    back = PerformancePredictor.load(tmp_path / "p.safetensors")
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    assert back.feature_settings == settings and back.get_params()["hidden_sizes"] == (8, 4)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a model")
+    with pytest.raises(dtg_gpu.CheckpointError, match="junk.safetensors"):
+        PerformancePredictor.load(tmp_path / "junk.safetensors")
+
+
+def test_evaluate_reports_intervals():
+    X, y = _synthetic(n=100)
+    scores = evaluate(PerformancePredictor(epochs=100), X, y, repeats=5, seed=0)
+    for m in ("precision", "recall", "f1", "accuracy", "roc_auc"):
+        s = scores[m]
+        assert len(s["values"]) == 5 and s["ci_low"] <= s["mean"] <= s["ci_high"]
+    assert scores["precision"]["mean"] > 0.75 and scores["roc_auc"]["mean"] > 0.85
+    assert np.sum(scores["confusion_matrix"]) == 5 * 10
+    with pytest.raises(ValueError, match="only 1 run"):
+        evaluate(PerformancePredictor(), X[:11], np.array([1] + [0] * 10))
