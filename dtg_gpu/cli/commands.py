@@ -1,0 +1,294 @@
+"""Each sub-command: ``add_parser(subparsers)`` and ``run(args) -> int``, calling the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def _device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available)")
+
+
+def _features(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timesteps", "-k", type=int, default=None, help="use the first k checkpoints (default: all)")
+    p.add_argument("--alpha", type=float, default=0.5, help="temporal reinforcement in (0, 1] (default 0.5)")
+    _device(p)
+
+
+def _command(name: str, help: str, configure, run):
+    def add_parser(sub):
+        p = sub.add_parser(name, help=help, description=help)
+        configure(p)
+        p.set_defaults(func=run)
+        return p
+    return SimpleNamespace(add_parser=add_parser, run=run)
+
+
+# ------------------------------------------------------------------------------ sweep
+def _sweep_args(p):
+    p.add_argument("--model", default="lenet5", help="lenet5, vgg11/13/16/19, resnet18/34, resnet20/32")
+    p.add_argument("--dataset", default="digits", help="digits (offline), mnist, cifar10, cifar100")
+    p.add_argument("--lr", type=float, nargs="+", default=[0.001, 0.01, 0.1])
+    p.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.3, 0.6])
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--checkpoint-every", type=int, default=1)
+    p.add_argument("--checkpoint-unit", choices=["epoch", "step"], default="epoch")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--data-root", default="data", help="where MNIST/CIFAR live (default ./data)")
+    p.add_argument("--download", action="store_true", help="let torchvision download a missing dataset")
+    p.add_argument("--out", required=True, help="sweep folder (resumable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _device(p)
+
+
+def _sweep_run(a) -> int:
+    from ..sweeps import SweepConfig, run_sweep
+
+    cfg = SweepConfig(model=a.model, dataset=a.dataset, lrs=a.lr, dropouts=a.dropout, seeds=a.seeds,
+                      epochs=a.epochs, checkpoint_every=a.checkpoint_every,
+                      checkpoint_unit=a.checkpoint_unit, batch_size=a.batch_size, optimizer=a.optimizer)
+    out = run_sweep(cfg, a.out, data_root=a.data_root, download=a.download, device=a.device,
+                    progress=not a.quiet)
+    print(f"sweep complete: {out}")
+    return 0
+
+
+sweep = _command("sweep", "train a lr x dropout x seed grid of one model (writes the on-disk format)",
+                 _sweep_args, _sweep_run)
+
+
+# ---------------------------------------------------------------------------- analyze
+def _analyze_args(p):
+    p.add_argument("run", help="a run folder (run.json + ckpt-* files)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--tol", type=float, default=1e-6)
+    p.add_argument("--method", choices=["auto", "lanczos", "networkx"], default="auto")
+    _device(p)
+
+
+def _analyze_run(a) -> int:
+    import torch
+
+    from ..analysis import analyze
+    from ..checkpoints import Run
+
+    res = analyze(Run.from_dir(a.run), alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype),
+                  tol=a.tol, method=a.method)
+    if a.json:
+        print(json.dumps(res.to_dict(), indent=2))
+    else:
+        import pandas as pd
+
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            cols = ["t", "mean", "std", "median", "skewness", "kurtosis", "eigenvalue",
+                    "iterations", "converged", "connected"]
+            print(f"{res.run.name}: {res.topology.num_nodes} nodes, {res.topology.num_edges} edges, "
+                  f"{len(res)} checkpoints")
+            print(res.table()[cols].to_string(index=False))
+    return 0
+
+
+analyze = _command("analyze", "centrality statistics of every checkpoint of one run", _analyze_args, _analyze_run)
+
+
+# -------------------------------------------------------------------------- featurize
+def _featurize_args(p):
+    p.add_argument("sweep", help="sweep folder")
+    p.add_argument("--out", required=True, help="write features here (.csv)")
+    _features(p)
+
+
+def _featurize_run(a) -> int:
+    import pandas as pd
+
+    from ..analysis import featurize
+    from ..statistics import STATISTICS
+    from ..sweeps import load_sweep
+
+    runs = load_sweep(a.sweep)
+    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True)
+    k = X.shape[1] // 5
+    cols = [f"{s}_t{t + 1}" for t in range(k) for s in STATISTICS]
+    df = pd.DataFrame(X.double().numpy(), columns=cols)
+    df.insert(0, "run", [r.name for r in runs])
+    df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])
+    df.to_csv(a.out, index=False)
+    print(f"{len(runs)} runs x {X.shape[1]} features -> {a.out}")
+    return 0
+
+
+featurize = _command("featurize", "temporal features of every run of a sweep (CSV)", _featurize_args, _featurize_run)
+
+
+# ------------------------------------------------------------------------------ train
+def _train_args(p):
+    p.add_argument("sweep", help="sweep folder")
+    p.add_argument("--out", required=True, help="predictor file (.safetensors)")
+    p.add_argument("--threshold", default="median", help="accuracy threshold, 'median' or 'qX'")
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    _features(p)
+
+
+def _threshold(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _train_run(a) -> int:
+    from ..analysis import featurize
+    from ..predictor import PerformancePredictor, label_runs
+    from ..statistics import STATISTICS
+    from ..sweeps import load_sweep
+
+    runs = load_sweep(a.sweep)
+    y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
+    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True)
+    k = X.shape[1] // 5
+    clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, feature_settings={
+        "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": list(STATISTICS)})
+    clf.fit(X.double().numpy(), y)
+    clf.save(a.out)
+    print(f"trained on {len(runs)} runs ({int(y.sum())} sufficient), k={k}: {a.out}")
+    return 0
+
+
+train = _command("train", "fit a predictor on a sweep and save it", _train_args, _train_run)
+
+
+# ---------------------------------------------------------------------------- predict
+def _predict_args(p):
+    p.add_argument("predictor", help="file written by 'dtg train'")
+    p.add_argument("runs", nargs="+", help="run folders")
+    _device(p)
+
+
+def _predict_run(a) -> int:
+    from ..checkpoints import Run
+    from ..predictor import PerformancePredictor
+
+    clf = PerformancePredictor.load(a.predictor)
+    runs = [Run.from_dir(r) for r in a.runs]
+    proba = clf.predict_runs(runs, device=a.device)[:, -1]
+    for run, p in zip(runs, proba):
+        print(f"{run.name}\tP(sufficient)={p:.3f}\t{'sufficient' if p >= 0.5 else 'insufficient'}")
+    return 0
+
+
+predict = _command("predict", "predict whether runs end sufficient", _predict_args, _predict_run)
+
+
+# --------------------------------------------------------------------------- evaluate
+def _evaluate_args(p):
+    p.add_argument("sweep", help="sweep folder")
+    p.add_argument("--threshold", default="median")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--features", nargs="+", default=["dtg"],
+                   help="dtg, weight_stats, dtg+weight_stats, learning_curve")
+    p.add_argument("--json", action="store_true")
+    _features(p)
+
+
+def _evaluate_run(a) -> int:
+    from ..report import results_table
+    from ..sweeps import load_sweep
+    from ..workflow import compare, featurize_sweep
+
+    sf = featurize_sweep(load_sweep(a.sweep), alpha=a.alpha, device=a.device, progress=True)
+    k = a.timesteps or sf.timesteps
+    rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats)
+    if a.json:
+        print(json.dumps([{"features": r["features"], "k": r["k"],
+                           **{m: r["scores"][m] for m in ("precision", "recall", "f1", "accuracy", "roc_auc")}}
+                          for r in rows], indent=2))
+    else:
+        print(results_table(rows))
+    return 0
+
+
+evaluate = _command("evaluate", "repeated 90/10 evaluation of the predictor on a sweep", _evaluate_args, _evaluate_run)
+
+
+# ------------------------------------------------------------------------------ bench
+def _bench_args(p):
+    p.add_argument("--quick", action="store_true", help="small graphs only")
+    p.add_argument("--out", default="benchmarks/results", help="results folder")
+
+
+def _bench_run(a) -> int:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_centrality.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} not found: 'dtg bench' runs from a source checkout")
+    sys.argv = [str(script)] + (["--quick"] if a.quick else []) + ["--out", a.out]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+bench = _command("bench", "run the centrality benchmark (from a source checkout)", _bench_args, _bench_run)
+
+
+# -------------------------------------------------------------------------------- env
+def _env_args(p):
+    pass
+
+
+def _env_run(a) -> int:
+    import platform
+
+    import networkx
+    import scipy
+    import sklearn
+    import torch
+    import torch_geometric
+
+    from .. import __version__
+
+    print(f"dtg_gpu         {__version__}")
+    print(f"python          {platform.python_version()} ({platform.platform()})")
+    for mod in (torch, torch_geometric, networkx, scipy, sklearn, np):
+        print(f"{mod.__name__:<15} {mod.__version__}")
+    print(f"cuda available  {torch.cuda.is_available()}")
+    if torch.cuda.is_available():
+        print(f"cuda device     {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})")
+    print(f"cpu threads     {torch.get_num_threads()}")
+    try:
+        import torch_scatter  # noqa: F401
+        print("torch-scatter   installed (optional)")
+    except ImportError:
+        print("torch-scatter   not installed (optional)")
+    return 0
+
+
+env = _command("env", "versions, device and CUDA, for bug reports", _env_args, _env_run)
+
+
+# ------------------------------------------------------------------------------- demo
+def _demo_args(p):
+    p.add_argument("--quick", action="store_true", help="a one-minute version")
+    p.add_argument("--out", default="demo-out")
+    p.add_argument("--quiet", action="store_true")
+    _device(p)
+
+
+def _demo_run(a) -> int:
+    from ..demo import run_demo
+
+    run_demo(a.out, quick=a.quick, device=a.device, progress=not a.quiet)
+    return 0
+
+
+demo = _command("demo", "train the digits sweep, featurise, evaluate, write a report", _demo_args, _demo_run)

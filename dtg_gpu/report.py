@@ -1,0 +1,145 @@
+r"""``report/index.html`` and its PNG plots: what a user looks at after ``dtg demo``."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .statistics import STATISTICS
+
+__all__ = ["write_report", "results_table"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_statistics(sf, path: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 5, figsize=(20, 3.8), constrained_layout=True)
+    acc = np.nan_to_num(sf.accuracies, nan=0.0)
+    cmap = plt.get_cmap("viridis")
+    t = np.arange(1, sf.timesteps + 1)
+    for i, (ax, name) in enumerate(zip(axes, STATISTICS)):
+        for r in np.argsort(acc):
+            ax.plot(t, sf.stats[r, :, i].numpy(), color=cmap(acc[r]), lw=0.8, alpha=0.8)
+        ax.set_title(f"centrality {name}")
+        ax.set_xlabel("checkpoint")
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, 1))
+    fig.colorbar(sm, ax=axes, label="final test accuracy")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_vs_k(rows: Sequence[dict], path: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    names = list(dict.fromkeys(r["features"] for r in rows))
+    for ax, metric in zip(axes, ("precision", "roc_auc")):
+        for name in names:
+            sel = sorted((r for r in rows if r["features"] == name), key=lambda r: r["k"])
+            k = [r["k"] for r in sel]
+            m = np.array([r["scores"][metric]["mean"] for r in sel])
+            lo = np.array([r["scores"][metric]["ci_low"] for r in sel])
+            hi = np.array([r["scores"][metric]["ci_high"] for r in sel])
+            ax.plot(k, m, marker="o", label=name)
+            ax.fill_between(k, lo, hi, alpha=0.15)
+        ax.set_xlabel("checkpoints used (k)")
+        ax.set_ylabel(metric.replace("roc_auc", "ROC AUC"))
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"{metric.replace('roc_auc', 'ROC AUC')} vs how early we predict (95 % CI)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_roc_confusion(row: dict, path: Path) -> None:
+    plt = _plt()
+    s = row["scores"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.2), constrained_layout=True)
+    a.plot(s["roc"]["fpr"], s["roc"]["tpr"], lw=2, label=f"AUC {s['roc_auc']['mean']:.3f}")
+    a.plot([0, 1], [0, 1], "k--", lw=0.8)
+    a.set_xlabel("false positive rate")
+    a.set_ylabel("true positive rate")
+    a.set_title(f"ROC, {row['features']} k={row['k']} (test splits pooled)")
+    a.legend(loc="lower right")
+    cm = np.array(s["confusion_matrix"])
+    b.imshow(cm, cmap="Blues")
+    for (i, j), v in np.ndenumerate(cm):
+        b.text(j, i, str(v), ha="center", va="center", fontsize=14)
+    b.set_xticks([0, 1], ["insufficient", "sufficient"])
+    b.set_yticks([0, 1], ["insufficient", "sufficient"])
+    b.set_xlabel("predicted")
+    b.set_ylabel("true")
+    b.set_title(f"confusion matrix, summed over {s['repeats']} splits")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_layer_centrality(result, path: Path) -> None:
+    plt = _plt()
+    owners = np.array(result.topology.node_owner)
+    layers = list(dict.fromkeys(owners))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True, sharey=True)
+    for ax, t, title in ((axes[0], 0, "first"), (axes[1], len(result) - 1, "last")):
+        x = result.centrality[t].numpy()
+        ax.boxplot([x[owners == l] for l in layers], showfliers=False)
+        ax.set_xticks(range(1, len(layers) + 1), layers, rotation=45, ha="right")
+        ax.set_yscale("log")
+        ax.set_title(f"centrality per layer, {title} checkpoint ({result.run.name})")
+    axes[0].set_ylabel("eigenvector centrality")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def results_table(rows: Sequence[dict], markdown: bool = False) -> str:
+    """One line per (feature set, k): precision / recall / F1 / AUC, mean [95 % CI]."""
+    head = ["features", "k", "precision", "recall", "f1", "roc_auc"]
+    lines = []
+    for r in rows:
+        cells = [r["features"], str(r["k"])]
+        for m in head[2:]:
+            s = r["scores"][m]
+            cells.append(f"{s['mean']:.3f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]")
+        lines.append(cells)
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(c) + " |" for c in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*c) for c in lines])
+
+
+def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str) -> Path:
+    """Write ``out/index.html`` with the plots beside it; returns its path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_statistics(sf, out / "statistics_over_training.png")
+    plot_vs_k(rows, out / "precision_auc_vs_k.png")
+    plot_roc_confusion(headline, out / "roc_confusion.png")
+    plot_layer_centrality(example, out / "centrality_per_layer.png")
+    table = results_table(rows)
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}img{{max-width:100%}}
+pre{{background:#f4f4f4;padding:1em}}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p>{len(sf.runs)} runs, {sf.timesteps} checkpoints each, alpha={sf.alpha}. Labels: final test
+accuracy at or above the sweep median is <b>sufficient</b>. Scores: mean and 95 % interval over
+repeated stratified 90/10 splits.</p>
+<pre>{html.escape(table)}</pre>
+<h2>Centrality statistics over training</h2><img src="statistics_over_training.png">
+<h2>How early can we tell?</h2><img src="precision_auc_vs_k.png">
+<h2>ROC and confusion matrix</h2><img src="roc_confusion.png">
+<h2>Centrality per layer</h2><img src="centrality_per_layer.png">
+</body></html>"""
+    (out / "index.html").write_text(doc)
+    return out / "index.html"

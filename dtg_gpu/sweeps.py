@@ -1,0 +1,383 @@
+r"""Seed-model sweeps (SPEC step 1): one architecture, one dataset, a grid of learning
+rates × dropout rates × seeds, written in the on-disk format of SPEC.
+
+Crash safety: every file goes to ``NAME.tmp`` and is renamed into place, and a run's
+``run.json`` is written last, so a folder without a complete ``run.json`` is unfinished.
+A restarted sweep skips complete runs and redoes unfinished ones from scratch; killing it
+at any moment loses no completed run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoints import CHECKPOINT_SUFFIXES, Run
+from .data import Dataset, load_dataset
+from .engine import resolve_device
+from .exceptions import DTGWarning
+from .models import build_model
+
+__all__ = ["SweepConfig", "run_sweep", "load_sweep", "atomic_write"]
+
+
+@dataclass
+class SweepConfig:
+    """What to train. ``checkpoint_every`` counts ``checkpoint_unit`` ("epoch" or "step")."""
+
+    model: str = "lenet5"
+    dataset: str = "digits"
+    lrs: Sequence[float] = (0.001, 0.01, 0.1)
+    dropouts: Sequence[float] = (0.0, 0.3, 0.6)
+    seeds: int = 1
+    epochs: int = 20
+    checkpoint_every: int = 1
+    checkpoint_unit: str = "epoch"
+    batch_size: int = 64
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    model_kwargs: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not self.lrs or any(not (lr > 0) for lr in self.lrs):
+            raise ValueError(f"learning rates must be positive, got {list(self.lrs)}")
+        if not self.dropouts or any(not 0 <= d < 1 for d in self.dropouts):
+            raise ValueError(f"dropout rates must be in [0, 1), got {list(self.dropouts)}")
+        for name in ("seeds", "epochs", "checkpoint_every", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.checkpoint_unit not in ("epoch", "step"):
+            raise ValueError(f"checkpoint_unit must be 'epoch' or 'step', got {self.checkpoint_unit!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+
+    def grid(self) -> list[dict[str, Any]]:
+        return [{"lr": float(lr), "dropout": float(d), "seed": s}
+                for lr in self.lrs for d in self.dropouts for s in range(int(self.seeds))]
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through ``write(tmp)`` to ``path.tmp``, then rename over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
+
+
+def _save_state(model: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(state, str(tmp)))
+
+
+@torch.no_grad()
+def _evaluate(model, x, y, batch: int = 1024) -> tuple[float, float]:
+    model.eval()
+    correct, loss = 0, 0.0
+    for i in range(0, len(x), batch):
+        out = model(x[i:i + batch])
+        loss += float(F.cross_entropy(out, y[i:i + batch], reduction="sum"))
+        correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    return correct / len(x), loss / len(x)
+
+
+def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path,
+              device: torch.device, progress: bool = False) -> dict[str, Any]:
+    """Train one run of the grid into ``folder``; returns its ``run.json`` content."""
+    started = time.time()
+    torch.manual_seed(point["seed"])
+    kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels,
+                  dropout=point["dropout"], **cfg.model_kwargs)
+    model = build_model(cfg.model, **kwargs).to(device)
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=point["lr"], momentum=cfg.momentum)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=point["lr"])
+    gen = torch.Generator().manual_seed(10_000 + point["seed"])
+    xtr, ytr = (t.to(device) for t in ds.train)
+    xva, yva = (t.to(device) for t in ds.val)
+    n, bs = len(xtr), int(cfg.batch_size)
+    checkpoints: list[dict[str, Any]] = []
+    diverged, step, train_loss = False, 0, float("nan")
+
+    def checkpoint(epoch: int) -> None:
+        acc, vloss = _evaluate(model, xva, yva)
+        name = f"ckpt-{len(checkpoints) + 1:04d}.safetensors"
+        _save_state(model, folder / name)
+        checkpoints.append({"file": name, "epoch": epoch, "step": step, "val_accuracy": acc,
+                            "val_loss": vloss if math.isfinite(vloss) else None,
+                            "train_loss": train_loss if math.isfinite(train_loss) else None})
+
+    epochs = range(1, int(cfg.epochs) + 1)
+    if progress:
+        from tqdm.auto import tqdm
+        epochs = tqdm(epochs, desc=f"lr={point['lr']:g} drop={point['dropout']:g} seed={point['seed']}",
+                      leave=False, unit="epoch")
+    model.train()
+    for epoch in epochs:
+        order = torch.randperm(n, generator=gen).to(device)
+        for i in range(0, n, bs):
+            step += 1
+            if not diverged:
+                idx = order[i:i + bs]
+                loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
+                train_loss = float(loss.detach())
+                if not math.isfinite(train_loss):
+                    diverged = True  # keep going: later checkpoints record the state honestly
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            if cfg.checkpoint_unit == "step" and step % cfg.checkpoint_every == 0:
+                checkpoint(epoch)
+        if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
+            checkpoint(epoch)
+    if not diverged and any(not torch.isfinite(p).all() for p in model.parameters()):
+        diverged = True
+    test_acc, test_loss = _evaluate(model, *(t.to(device) for t in ds.test))
+    return {"name": folder.name, "model": cfg.model, "model_kwargs": kwargs,
+            "dataset": cfg.dataset, "lr": point["lr"], "dropout": point["dropout"],
+            "seed": point["seed"], "epochs": int(cfg.epochs), "optimizer": cfg.optimizer,
+            "batch_size": bs, "checkpoint_every": cfg.checkpoint_every,
+            "checkpoint_unit": cfg.checkpoint_unit, "checkpoints": checkpoints,
+            "final_accuracy": test_acc, "test_loss": test_loss if math.isfinite(test_loss) else None,
+            "status": "diverged" if diverged else "complete", "complete": True,
+            "seconds": round(time.time() - started, 3)}
+
+
+def _vmappable(cfg: SweepConfig, ds: Dataset) -> bool:
+    """Runs can train together: plain SGD and a model without buffers (no BatchNorm)."""
+    probe = build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels,
+                        **cfg.model_kwargs)
+    return cfg.optimizer == "sgd" and not any(True for _ in probe.buffers())
+
+
+def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], folders: list[Path],
+                device: torch.device, progress: bool = False) -> list[dict[str, Any]]:
+    r"""Train runs that share architecture and dropout rate at once with ``torch.func.vmap``.
+
+    Each run keeps its own initialisation (its seed), data order, dropout masks and
+    learning rate; SGD with momentum is applied per run (``b ← μ b + g``, ``θ ← θ − lr·b``,
+    PyTorch's rule). Numerically the same algorithm as :func:`train_run`, not the same
+    random stream.
+    """
+    from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+
+    started = time.time()
+    dropout = points[0]["dropout"]
+    kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=dropout,
+                  **cfg.model_kwargs)
+    models = []
+    for pt in points:
+        torch.manual_seed(pt["seed"])
+        models.append(build_model(cfg.model, **kwargs).to(device))
+    params, _ = stack_module_state(models)
+    params = {k: v.detach().clone() for k, v in params.items()}
+    base = build_model(cfg.model, **kwargs).to("meta")
+    m = len(points)
+    lr = torch.tensor([pt["lr"] for pt in points], device=device)
+    momentum = {k: torch.zeros_like(v) for k, v in params.items()}
+
+    def loss_fn(p, x, y):
+        return F.cross_entropy(functional_call(base, p, (x,)), y)
+
+    step_fn = vmap(grad_and_value(loss_fn), randomness="different")
+
+    def forward_eval(p, x):
+        return functional_call(base, p, (x,))
+
+    eval_fn = vmap(forward_eval, in_dims=(0, None))
+    gens = [torch.Generator().manual_seed(10_000 + pt["seed"]) for pt in points]
+    xtr, ytr = (t.to(device) for t in ds.train)
+    xva, yva = (t.to(device) for t in ds.val)
+    n, bs = len(xtr), int(cfg.batch_size)
+    records: list[list[dict[str, Any]]] = [[] for _ in points]
+    diverged = torch.zeros(m, dtype=torch.bool)
+    step = 0
+    last_loss = torch.full((m,), float("nan"))
+
+    @torch.no_grad()
+    def evaluate(x, y):
+        base.eval()
+        out = torch.cat([eval_fn(params, x[i:i + 1024]) for i in range(0, len(x), 1024)], 1)
+        base.train()
+        acc = (out.argmax(-1) == y).float().mean(1)
+        loss = torch.stack([F.cross_entropy(out[j], y) for j in range(m)])
+        return acc.tolist(), loss.tolist()
+
+    def checkpoint(epoch: int) -> None:
+        accs, losses = evaluate(xva, yva)
+        for j in range(m):
+            name = f"ckpt-{len(records[j]) + 1:04d}.safetensors"
+            state = {k: v[j].detach().cpu().contiguous().clone() for k, v in params.items()}
+            from safetensors.torch import save_file
+            atomic_write(folders[j] / name, lambda tmp, st=state: save_file(st, str(tmp)))
+            tl = float(last_loss[j])
+            records[j].append({"file": name, "epoch": epoch, "step": step,
+                               "val_accuracy": accs[j],
+                               "val_loss": losses[j] if math.isfinite(losses[j]) else None,
+                               "train_loss": tl if math.isfinite(tl) else None})
+
+    epochs = range(1, int(cfg.epochs) + 1)
+    if progress:
+        from tqdm.auto import tqdm
+        epochs = tqdm(epochs, desc=f"{m} runs, dropout={dropout:g}", leave=False, unit="epoch")
+    base.train()
+    for epoch in epochs:
+        order = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)
+        for i in range(0, n, bs):
+            step += 1
+            idx = order[:, i:i + bs]
+            grads, loss = step_fn(params, xtr[idx], ytr[idx])
+            with torch.no_grad():
+                for k, g in grads.items():
+                    buf = momentum[k].mul_(cfg.momentum).add_(g)
+                    params[k].sub_(lr.view(-1, *([1] * (g.dim() - 1))) * buf)
+            last_loss = loss.detach().cpu()
+            if cfg.checkpoint_unit == "step" and step % cfg.checkpoint_every == 0:
+                checkpoint(epoch)
+        diverged |= ~torch.isfinite(last_loss)
+        if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
+            checkpoint(epoch)
+    for k, v in params.items():
+        diverged |= ~torch.isfinite(v.reshape(m, -1)).all(1).cpu()
+    test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))
+    seconds = round((time.time() - started) / m, 3)
+    return [{"name": folders[j].name, "model": cfg.model, "model_kwargs": kwargs,
+             "dataset": cfg.dataset, "lr": pt["lr"], "dropout": pt["dropout"], "seed": pt["seed"],
+             "epochs": int(cfg.epochs), "optimizer": cfg.optimizer, "batch_size": bs,
+             "checkpoint_every": cfg.checkpoint_every, "checkpoint_unit": cfg.checkpoint_unit,
+             "checkpoints": records[j], "final_accuracy": test_acc[j],
+             "test_loss": test_loss[j] if math.isfinite(test_loss[j]) else None,
+             "status": "diverged" if bool(diverged[j]) else "complete", "complete": True,
+             "seconds": seconds, "trained_with": "vmap"}
+            for j, pt in enumerate(points)]
+
+
+def _is_complete(folder: Path) -> bool:
+    try:
+        meta = json.loads((folder / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return bool(meta.get("complete")) and all((folder / c["file"]).is_file() for c in meta["checkpoints"])
+
+
+def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None = None,
+              download: bool = False, device: str | torch.device | None = None,
+              progress: bool = True, dataset: Dataset | None = None,
+              group_size: int = 32) -> Path:
+    r"""Train every run of the grid into ``out`` (resumable).
+
+    Parameters
+    ----------
+    cfg : SweepConfig
+    out : path
+        Sweep folder: ``sweep.json`` and ``run-0000/``, ``run-0001/``, ...
+    data_root, download
+        Where torchvision datasets live, and whether they may be downloaded.
+    device : optional
+        ``None``: CUDA when available.
+    progress : bool, default True
+        tqdm bars over runs and epochs.
+    group_size : int, default 32
+        Runs with the same dropout rate trained at once with ``torch.func.vmap`` (plain SGD,
+        models without BatchNorm); ``1`` trains one run at a time.
+
+    Returns
+    -------
+    Path of the sweep folder.
+
+    Raises
+    ------
+    ValueError
+        A bad config, or ``out`` holds a different sweep.
+    DatasetNotFoundError
+        The dataset is not under ``data_root``.
+    """
+    cfg.validate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = cfg.grid()
+    names = [f"run-{i:04d}" for i in range(len(grid))]
+    manifest = {"format": "dtg_gpu.sweep/1", "config": asdict(cfg), "runs": names,
+                "grid": {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)),
+                         "seeds": int(cfg.seeds)}}
+    manifest["config"]["lrs"] = list(map(float, cfg.lrs))
+    manifest["config"]["dropouts"] = list(map(float, cfg.dropouts))
+    path = out / "sweep.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old.get("config") != manifest["config"]:
+            raise ValueError(f"{out} already holds a different sweep (sweep.json differs); "
+                             "choose another --out folder")
+    else:
+        _write_json(path, manifest)
+    todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name)]
+    if not todo:
+        return out
+    ds = dataset or load_dataset(cfg.dataset, data_root, download)
+    dev = resolve_device(device)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(grid), initial=len(grid) - len(todo), desc="sweep", unit="run")
+    if group_size > 1 and _vmappable(cfg, ds):
+        by_dropout: dict[float, list] = {}
+        for item in todo:
+            by_dropout.setdefault(item[1]["dropout"], []).append(item)
+        batches = [g[i:i + group_size] for g in by_dropout.values() for i in range(0, len(g), group_size)]
+    else:
+        batches = [[item] for item in todo]
+    try:
+        for batch in batches:
+            folders = [out / name for name, _ in batch]
+            for folder in folders:
+                if folder.exists():
+                    shutil.rmtree(folder)  # unfinished: start it again from scratch
+                folder.mkdir()
+            if len(batch) > 1:
+                metas = train_group(cfg, ds, [p for _, p in batch], folders, dev, progress=progress)
+            else:
+                metas = [train_run(cfg, ds, batch[0][1], folders[0], dev, progress=progress)]
+            for folder, meta in zip(folders, metas):
+                _write_json(folder / "run.json", meta)
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def load_sweep(path: str | os.PathLike) -> list[Run]:
+    """The complete runs of a sweep folder, in grid order (unfinished ones are skipped with a warning).
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``sweep.json`` in ``path``.
+    """
+    path = Path(path)
+    manifest = path / "sweep.json"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)?")
+    names = json.loads(manifest.read_text())["runs"]
+    done = [n for n in names if _is_complete(path / n)]
+    if len(done) < len(names):
+        warnings.warn(f"{path}: {len(names) - len(done)} of {len(names)} runs are unfinished "
+                      "and skipped; rerun the sweep to complete them", DTGWarning, stacklevel=2)
+    return [Run.from_dir(path / n) for n in done]

@@ -1,0 +1,80 @@
+r"""Sweep-level workflow shared by the CLI, the demo and the benchmarks: featurise a
+sweep once, then evaluate feature sets (DTG, baselines) for several early-prediction ``k``.
+
+Temporal reinforcement is causal (``s̃_t`` depends on ``s_1..s_t`` only), so the features
+of the first ``k`` checkpoints are the first ``5·k`` columns of the full feature matrix:
+one centrality solve serves every ``k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .analysis import featurize
+from .baselines import learning_curve, weight_statistics
+from .checkpoints import Run
+from .evaluation import evaluate
+from .features import temporal_features
+from .predictor import PerformancePredictor, label_runs
+
+__all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare"]
+
+
+@dataclass
+class SweepFeatures:
+    runs: list[Run]
+    stats: torch.Tensor          # [runs, T, 5] raw statistics
+    alpha: float
+    accuracies: np.ndarray       # [runs]
+
+    def dtg(self, k: int) -> np.ndarray:
+        return temporal_features(self.stats[:, :k], self.alpha).double().numpy()
+
+    @property
+    def timesteps(self) -> int:
+        return int(self.stats.shape[1])
+
+
+def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
+                    dtype=torch.float32, progress: bool = False) -> SweepFeatures:
+    """Solve every checkpoint of every run once; keep the raw statistics."""
+    runs = list(runs)
+    _, stats = featurize(runs, alpha=alpha, device=device, dtype=dtype, progress=progress,
+                         return_stats=True)
+    acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
+    return SweepFeatures(runs=runs, stats=stats, alpha=alpha, accuracies=acc)
+
+
+def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``dtg+weight_stats``,
+    ``learning_curve``."""
+    out: dict[str, np.ndarray] = {}
+    ws = None
+    for name in names:
+        if name == "dtg":
+            out[name] = sf.dtg(k)
+        elif name in ("weight_stats", "dtg+weight_stats"):
+            ws = weight_statistics(sf.runs, k) if ws is None else ws
+            out[name] = ws if name == "weight_stats" else np.hstack([sf.dtg(k), ws])
+        elif name == "learning_curve":
+            out[name] = learning_curve(sf.runs, k)
+        else:
+            raise ValueError(f"unknown feature set {name!r}")
+    return out
+
+
+def compare(sf: SweepFeatures, ks: Sequence[int], names: Sequence[str], threshold: Any = "median",
+            repeats: int = 20, seed: int = 0, clf: PerformancePredictor | None = None) -> list[dict]:
+    """Evaluate every feature set at every ``k``; one row per (feature set, k)."""
+    y = label_runs(sf.accuracies, threshold)
+    clf = clf or PerformancePredictor()
+    rows = []
+    for k in ks:
+        for name, X in feature_sets(sf, k, names).items():
+            s = evaluate(clf, X, y, repeats=repeats, seed=seed)
+            rows.append({"features": name, "k": int(k), "scores": s})
+    return rows
