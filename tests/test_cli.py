@@ -1,0 +1,86 @@
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dtg_gpu.cli.main import SUBCOMMANDS, main
+from dtg_gpu.sweeps import SweepConfig, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "sweep"
+    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.02, 0.1), dropouts=(0.0, 0.5), seeds=2,
+                      epochs=2, checkpoint_every=10, checkpoint_unit="step")
+    return run_sweep(cfg, out, progress=False, device="cpu")
+
+
+@pytest.mark.parametrize("cmd", SUBCOMMANDS)
+def test_help_on_every_command(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0 and "usage: dtg" in capsys.readouterr().out
+
+
+def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
+    assert main(["analyze", str(sweep / "run-0001"), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "run-0001" in out and "skewness" in out
+    assert main(["analyze", str(sweep / "run-0001"), "--json", "--device", "cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["timesteps"]) == 4 and data["num_nodes"] == 237
+    csv = tmp_path / "f.csv"
+    assert main(["featurize", str(sweep), "--timesteps", "3", "--out", str(csv), "--device", "cpu"]) == 0
+    lines = csv.read_text().splitlines()
+    assert len(lines) == 13 and lines[0].startswith("run,final_accuracy,mean_t1")
+    pred = tmp_path / "p.safetensors"
+    assert main(["train", str(sweep), "--timesteps", "3", "--out", str(pred), "--epochs", "50", "--device", "cpu"]) == 0
+    assert pred.is_file()
+    capsys.readouterr()
+    assert main(["predict", str(pred), str(sweep / "run-0000"), str(sweep / "run-0005"), "--device", "cpu"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 2 and re.search(r"P\(sufficient\)=\d\.\d{3}", rows[0])
+    assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "3", "--device", "cpu"]) == 0
+    assert "precision" in capsys.readouterr().out
+
+
+def test_env_prints_versions(capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "cuda available" in out
+
+
+def test_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "run folder not found" in err and "Traceback" not in err
+    assert main(["sweep", "--out", str(tmp_path / "s"), "--lr", "-1"]) == 1
+    assert "learning rates must be positive" in capsys.readouterr().err
+    assert main(["featurize", str(tmp_path), "--out", "x.csv"]) == 1
+    assert "no sweep.json" in capsys.readouterr().err
+    assert main(["sweep", "--dataset", "mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "m"), "--quiet"]) == 1
+    assert "mnist was not found" in capsys.readouterr().err
+
+
+def test_demo_quick(tmp_path, capsys):
+    assert main(["demo", "--quick", "--out", str(tmp_path / "demo"), "--quiet", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "precision" in out and "learning_curve" in out
+    report = tmp_path / "demo" / "report"
+    for f in ("index.html", "statistics_over_training.png", "precision_auc_vs_k.png",
+              "roc_confusion.png", "centrality_per_layer.png"):
+        assert (report / f).stat().st_size > 1000
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert results["runs"] == 16 and results["timesteps"] == 8
+
+
+def test_readme_api_example_runs_as_written(capsys):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## The API in ten lines\n\n```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 10
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "torch.Size([5, 237]) True" in out
