@@ -26,7 +26,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_centrality.py
-	$(PY) benchmarks/bench_pipeline.py
+	$(PY) benchmarks/bench_sweep.py
 
 clean:
 	rm -rf $(VENV) demo-out report .pytest_cache
