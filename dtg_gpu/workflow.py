@@ -38,6 +38,26 @@ class SweepFeatures:
     def timesteps(self) -> int:
         return int(self.stats.shape[1])
 
+    def table(self):
+        """Tidy per-timestep table of the whole sweep (pandas): one row per (run, t) with the
+        raw and smoothed statistics and the run's lr, dropout, seed, status, final accuracy."""
+        import pandas as pd
+
+        from .statistics import STATISTICS
+
+        r, t, _ = self.stats.shape
+        smooth = temporal_features(self.stats, self.alpha).reshape(r, t, 5)
+        rows = []
+        for i, run in enumerate(self.runs):
+            for j in range(t):
+                row = {"run": run.name, "t": j, "lr": run.meta.get("lr"), "dropout": run.meta.get("dropout"),
+                       "seed": run.meta.get("seed"), "status": run.meta.get("status"),
+                       "final_accuracy": self.accuracies[i]}
+                row.update({s: float(self.stats[i, j, k]) for k, s in enumerate(STATISTICS)})
+                row.update({f"{s}_smoothed": float(smooth[i, j, k]) for k, s in enumerate(STATISTICS)})
+                rows.append(row)
+        return pd.DataFrame(rows)
+
 
 def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
                     dtype=torch.float32, progress: bool = False) -> SweepFeatures:

@@ -96,3 +96,14 @@ def test_killed_sweep_resumes_without_losing_completed_runs(tmp_path):
     assert len(runs) == 9
     for p, data in snapshot.items():  # completed runs were skipped, not redone
         assert p.read_bytes() == data
+
+
+def test_sweep_table_is_tidy(tmp_path):
+    from dtg_gpu.workflow import featurize_sweep
+
+    out = run_sweep(SweepConfig(**{**TINY, "lrs": (0.02,)}), tmp_path / "t", progress=False, device="cpu")
+    sf = featurize_sweep(load_sweep(out), alpha=0.5, device="cpu")
+    df = sf.table()
+    assert len(df) == 2 * 4 and {"run", "t", "lr", "dropout", "mean", "kurtosis_smoothed", "final_accuracy"} <= set(df.columns)
+    first = df[(df.run == "run-0000") & (df.t == 0)].iloc[0]
+    assert first["mean"] == first["mean_smoothed"]  # s~_1 = s_1
