@@ -33,7 +33,7 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt")
 Checkpoint = Union[Mapping[str, torch.Tensor], str, os.PathLike]
 
 
-def _torch_load(path: Path) -> Any:
+def _read_pickled_state(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -83,7 +83,7 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
     if suffix not in CHECKPOINT_SUFFIXES:
         raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r} "
                               f"(expected one of {', '.join(CHECKPOINT_SUFFIXES)})")
-    obj = _torch_load(path)
+    obj = _read_pickled_state(path)
     if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
