@@ -32,7 +32,7 @@ def weight_statistics(runs: Sequence[Run], timesteps: int) -> np.ndarray:
     """``[runs, 7·layers]``: mean, std, 0/25/50/75/100 % quantiles per layer at checkpoint ``k``."""
     _check(runs, timesteps)
     rows = []
-    q = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
+    q = [0.0, 0.25, 0.5, 0.75, 1.0]
     for run in runs:
         w = run.weights(timesteps - 1)
         feats = []
@@ -42,7 +42,7 @@ def weight_statistics(runs: Sequence[Run], timesteps: int) -> np.ndarray:
                 feats.extend([float("nan")] * 7)
                 continue
             feats.extend([float(x.mean()), float(x.std(unbiased=False))])
-            feats.extend(torch.quantile(x[: 1 << 24], q).tolist())
+            feats.extend(np.quantile(x.numpy(), q).tolist())
         rows.append(feats)
     return np.asarray(rows, dtype=float)
 

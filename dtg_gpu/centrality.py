@@ -76,8 +76,7 @@ def _sign_fix(x: torch.Tensor) -> torch.Tensor:
 
 def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=4) -> EigenResult:
     g_count, n = mask.shape
-    dtype, device = (torch.float64 if mask.dtype == torch.bool else mask.dtype), mask.device
-    dtype = matvec.dtype if hasattr(matvec, "dtype") else dtype
+    dtype, device = matvec.dtype, mask.device
     eps = torch.finfo(dtype).eps
     sizes = mask.sum(1).to(dtype)
     v = mask.to(dtype) / sizes.clamp_min(1).sqrt()[:, None]

@@ -18,6 +18,7 @@ import os
 import pickle
 import zipfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
 
@@ -171,9 +172,9 @@ class Run:
     def __len__(self) -> int:
         return len(self.checkpoints)
 
-    @property
+    @cached_property
     def topology(self) -> ChannelTopology:
-        """The model's channel topology (traced once per architecture)."""
+        """The model's channel topology (traced once per architecture, looked up once per run)."""
         return channel_topology(self.model)
 
     @property

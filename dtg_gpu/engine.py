@@ -124,7 +124,9 @@ def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology,
     structural = topology.structurally_connected()
     with ThreadPoolExecutor(max_workers=1) as pool:
         chunks = list(_chunks(items, size))
-        load = lambda chunk: [run.weights(t) for run, t in chunk]  # noqa: E731
+        def load(chunk):
+            return [run.weights(t) for run, t in chunk]
+
         pending = pool.submit(load, chunks[0]) if chunks else None
         for i, chunk in enumerate(chunks):
             weights = pending.result()
@@ -134,11 +136,9 @@ def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology,
             op = BlockOperator(topology, blocks)
             mask = torch.ones(len(chunk), topology.num_nodes, dtype=torch.bool, device=device)
             res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
-            connected = finite & (res.eigenvalue > 0)
-            if not structural:
-                connected &= False
-            else:
-                zero = op.has_zero_weights() & connected
+            connected = finite & (res.eigenvalue > 0) & structural
+            zero = op.has_zero_weights() & connected
+            if bool(zero.any()):
                 zero &= ~op.layers_positively_connected()
                 if bool(zero.any()):
                     connected &= _reachable_everywhere(op, zero)

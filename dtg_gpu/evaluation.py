@@ -105,7 +105,10 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     out: dict[str, Any] = {m: summarise(v) for m, v in values.items()}
     out["confusion_matrix"] = cm.tolist()
     t, s = np.concatenate(pooled_true), np.concatenate(pooled_score)
-    fpr, tpr, _ = roc_curve(t, s) if np.unique(t).size == 2 else (np.array([0.0, 1.0]),) * 2 + (None,)
-    out["roc"] = {"fpr": np.asarray(fpr).tolist(), "tpr": np.asarray(tpr).tolist()}
+    if np.unique(t).size == 2:
+        fpr, tpr, _ = roc_curve(t, s)
+        out["roc"] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
+    else:  # every pooled test run in one class: no curve to draw
+        out["roc"] = {"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}
     out["repeats"] = int(repeats)
     return out

@@ -77,23 +77,6 @@ def _as_slice(idx: torch.Tensor) -> slice | None:
     return None
 
 
-_SELF_LOOPS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _self_loop_pairs(layer: WeightLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat block positions and nodes where an output unit is its own input unit (cached)."""
-    key = id(layer)
-    if key not in _SELF_LOOPS:
-        if np.intersect1d(layer.out_nodes.numpy(), layer.in_nodes.numpy()).size == 0:
-            hit = torch.zeros(0, dtype=torch.long)
-            _SELF_LOOPS[key] = (hit, hit)
-        else:
-            edges = layer.edge_index()
-            hit = (edges[0] == edges[1]).nonzero().flatten()
-            _SELF_LOOPS[key] = (hit, edges[0, hit])
-    return _SELF_LOOPS[key]
-
-
 class BlockOperator:
     r"""The adjacency matrices of ``G`` channel graphs that share a topology, as an operator.
 
@@ -138,7 +121,7 @@ class BlockOperator:
             in_idx = layer.in_nodes.to(self.device)
             self._plan.append((layer.groups, _as_slice(layer.out_nodes), out_idx,
                                _as_slice(layer.in_nodes), in_idx))
-            pos, nodes = _self_loop_pairs(layer)
+            pos, nodes = layer.self_loops
             if pos.numel():
                 if diag is None:
                     diag = torch.zeros(self.num_graphs, self.num_nodes, dtype=self.dtype,
@@ -228,7 +211,9 @@ def graph_edges(topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: in
         e = layer.edge_index()
         w = block[g].reshape(-1).detach().cpu()
         lo, hi = torch.minimum(e[0], e[1]), torch.maximum(e[0], e[1])
-        rows.append(lo), cols.append(hi), ws.append(w)
+        rows.append(lo)
+        cols.append(hi)
+        ws.append(w)
     ei = torch.stack([torch.cat(rows), torch.cat(cols)])
     ew = torch.cat(ws)
     ei, ew = coalesce(ei, ew, num_nodes=topology.num_nodes, reduce="sum")

@@ -77,11 +77,36 @@ def _write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
 
 
-def _save_state(model: torch.nn.Module, path: Path) -> None:
+def _save_state(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Write a state dict as safetensors, atomically."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(state, str(tmp)))
+    cpu = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    atomic_write(path, lambda tmp: save_file(cpu, str(tmp)))
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _run_meta(cfg: SweepConfig, name: str, model_kwargs: dict, point: dict[str, Any],
+              checkpoints: list[dict[str, Any]], test_acc: float, test_loss: float,
+              diverged: bool, seconds: float) -> dict[str, Any]:
+    """The content of a finished run's ``run.json``."""
+    return {"name": name, "model": cfg.model, "model_kwargs": model_kwargs, "dataset": cfg.dataset,
+            "lr": point["lr"], "dropout": point["dropout"], "seed": point["seed"],
+            "epochs": int(cfg.epochs), "optimizer": cfg.optimizer, "batch_size": int(cfg.batch_size),
+            "checkpoint_every": cfg.checkpoint_every, "checkpoint_unit": cfg.checkpoint_unit,
+            "checkpoints": checkpoints, "final_accuracy": test_acc,
+            "test_loss": _finite_or_none(test_loss),
+            "status": "diverged" if diverged else "complete", "complete": True,
+            "seconds": round(seconds, 3)}
+
+
+def _checkpoint_record(name: str, epoch: int, step: int, val_acc: float, val_loss: float,
+                       train_loss: float) -> dict[str, Any]:
+    return {"file": name, "epoch": epoch, "step": step, "val_accuracy": val_acc,
+            "val_loss": _finite_or_none(val_loss), "train_loss": _finite_or_none(train_loss)}
 
 
 @torch.no_grad()
@@ -118,10 +143,8 @@ def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path
     def checkpoint(epoch: int) -> None:
         acc, vloss = _evaluate(model, xva, yva)
         name = f"ckpt-{len(checkpoints) + 1:04d}.safetensors"
-        _save_state(model, folder / name)
-        checkpoints.append({"file": name, "epoch": epoch, "step": step, "val_accuracy": acc,
-                            "val_loss": vloss if math.isfinite(vloss) else None,
-                            "train_loss": train_loss if math.isfinite(train_loss) else None})
+        _save_state(model.state_dict(), folder / name)
+        checkpoints.append(_checkpoint_record(name, epoch, step, acc, vloss, train_loss))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
@@ -149,14 +172,8 @@ def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path
     if not diverged and any(not torch.isfinite(p).all() for p in model.parameters()):
         diverged = True
     test_acc, test_loss = _evaluate(model, *(t.to(device) for t in ds.test))
-    return {"name": folder.name, "model": cfg.model, "model_kwargs": kwargs,
-            "dataset": cfg.dataset, "lr": point["lr"], "dropout": point["dropout"],
-            "seed": point["seed"], "epochs": int(cfg.epochs), "optimizer": cfg.optimizer,
-            "batch_size": bs, "checkpoint_every": cfg.checkpoint_every,
-            "checkpoint_unit": cfg.checkpoint_unit, "checkpoints": checkpoints,
-            "final_accuracy": test_acc, "test_loss": test_loss if math.isfinite(test_loss) else None,
-            "status": "diverged" if diverged else "complete", "complete": True,
-            "seconds": round(time.time() - started, 3)}
+    return _run_meta(cfg, folder.name, kwargs, point, checkpoints, test_acc, test_loss, diverged,
+                     time.time() - started)
 
 
 def _vmappable(cfg: SweepConfig, ds: Dataset) -> bool:
@@ -216,21 +233,16 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
         out = torch.cat([eval_fn(params, x[i:i + 1024]) for i in range(0, len(x), 1024)], 1)
         base.train()
         acc = (out.argmax(-1) == y).float().mean(1)
-        loss = torch.stack([F.cross_entropy(out[j], y) for j in range(m)])
-        return acc.tolist(), loss.tolist()
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.repeat(m), reduction="none")
+        return acc.tolist(), loss.view(m, -1).mean(1).tolist()
 
     def checkpoint(epoch: int) -> None:
         accs, losses = evaluate(xva, yva)
         for j in range(m):
             name = f"ckpt-{len(records[j]) + 1:04d}.safetensors"
-            state = {k: v[j].detach().cpu().contiguous().clone() for k, v in params.items()}
-            from safetensors.torch import save_file
-            atomic_write(folders[j] / name, lambda tmp, st=state: save_file(st, str(tmp)))
-            tl = float(last_loss[j])
-            records[j].append({"file": name, "epoch": epoch, "step": step,
-                               "val_accuracy": accs[j],
-                               "val_loss": losses[j] if math.isfinite(losses[j]) else None,
-                               "train_loss": tl if math.isfinite(tl) else None})
+            _save_state({k: v[j] for k, v in params.items()}, folders[j] / name)
+            records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j],
+                                                 float(last_loss[j])))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
@@ -256,15 +268,9 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
     for k, v in params.items():
         diverged |= ~torch.isfinite(v.reshape(m, -1)).all(1).cpu()
     test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))
-    seconds = round((time.time() - started) / m, 3)
-    return [{"name": folders[j].name, "model": cfg.model, "model_kwargs": kwargs,
-             "dataset": cfg.dataset, "lr": pt["lr"], "dropout": pt["dropout"], "seed": pt["seed"],
-             "epochs": int(cfg.epochs), "optimizer": cfg.optimizer, "batch_size": bs,
-             "checkpoint_every": cfg.checkpoint_every, "checkpoint_unit": cfg.checkpoint_unit,
-             "checkpoints": records[j], "final_accuracy": test_acc[j],
-             "test_loss": test_loss[j] if math.isfinite(test_loss[j]) else None,
-             "status": "diverged" if bool(diverged[j]) else "complete", "complete": True,
-             "seconds": seconds, "trained_with": "vmap"}
+    seconds = (time.time() - started) / m
+    return [{**_run_meta(cfg, folders[j].name, kwargs, pt, records[j], test_acc[j], test_loss[j],
+                         bool(diverged[j]), seconds), "trained_with": "vmap"}
             for j, pt in enumerate(points)]
 
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import operator
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, Sequence
 
 import numpy as np
@@ -106,6 +107,17 @@ class WeightLayer:
         group = i // (out // self.groups)
         return torch.stack([self.out_nodes[i], self.in_nodes[group * cin + j]])
 
+    @cached_property
+    def self_loops(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat block positions, and their nodes, where an output unit is its own input unit
+        (``x + conv(x)``); empty unless the layer's input and output spaces share nodes."""
+        if np.intersect1d(self.out_nodes.numpy(), self.in_nodes.numpy()).size == 0:
+            none = torch.zeros(0, dtype=torch.long)
+            return none, none
+        edges = self.edge_index()
+        hit = (edges[0] == edges[1]).nonzero().flatten()
+        return hit, edges[0, hit]
+
 
 @dataclass(frozen=True, eq=False)
 class ChannelTopology:
@@ -127,7 +139,6 @@ class ChannelTopology:
     num_nodes: int
     node_owner: tuple[str, ...]
     traced: bool = True
-    _components: list = field(default_factory=list, repr=False)
 
     @property
     def num_edges(self) -> int:
@@ -147,29 +158,31 @@ class ChannelTopology:
             for l in self.layers
         )
 
+    @cached_property
+    def num_structural_components(self) -> int:
+        """Connected components of the graph when every weight slice is non-zero."""
+        parent = np.arange(self.num_nodes)
+
+        def find(a: int) -> int:
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        for layer in self.layers:
+            out, cin = layer.block_shape
+            opg = out // layer.groups
+            for g in range(layer.groups):
+                members = torch.cat([layer.out_nodes[g * opg:(g + 1) * opg],
+                                     layer.in_nodes[g * cin:(g + 1) * cin]]).tolist()
+                root = find(members[0])
+                for m in members[1:]:
+                    parent[find(m)] = root
+        return len({find(a) for a in range(self.num_nodes)})
+
     def structurally_connected(self) -> bool:
         """Whether the graph is connected when every weight slice is non-zero."""
-        if not self._components:
-            parent = np.arange(self.num_nodes)
-
-            def find(a: int) -> int:
-                while parent[a] != a:
-                    parent[a] = parent[parent[a]]
-                    a = parent[a]
-                return a
-
-            for layer in self.layers:
-                out, cin = layer.block_shape
-                opg = out // layer.groups
-                for g in range(layer.groups):
-                    members = torch.cat([layer.out_nodes[g * opg:(g + 1) * opg],
-                                         layer.in_nodes[g * cin:(g + 1) * cin]]).tolist()
-                    root = find(members[0])
-                    for m in members[1:]:
-                        parent[find(m)] = root
-            roots = {find(a) for a in range(self.num_nodes)}
-            self._components.append(len(roots))
-        return self._components[0] == 1
+        return self.num_structural_components == 1
 
 
 # ----------------------------------------------------------------------------- tracing
@@ -311,7 +324,7 @@ def _is_flatten(node: torch.fx.Node) -> bool:
         return start == 1
     if node.op in ("call_method", "call_function") and (
             node.target in ("view", "reshape") or node.target is torch.reshape):
-        shape = node.args[1:] if node.op == "call_method" else node.args[1:]
+        shape = node.args[1:]
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         return len(shape) == 2

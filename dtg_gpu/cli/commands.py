@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -233,8 +232,7 @@ def _bench_run(a) -> int:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_centrality.py"
     if not script.is_file():
         raise FileNotFoundError(f"{script} not found: 'dtg bench' runs from a source checkout")
-    sys.argv = [str(script)] + (["--quick"] if a.quick else []) + ["--out", a.out]
-    runpy.run_path(str(script), run_name="__main__")
+    runpy.run_path(str(script))["main"]((["--quick"] if a.quick else []) + ["--out", a.out])
     return 0
 
 
