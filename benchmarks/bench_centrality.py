@@ -58,6 +58,23 @@ def checkpoints(model, t, seed=0):
     return out
 
 
+def read_bandwidth(device) -> float:
+    """Bytes per second of a streaming read (``x.sum()`` over 512 MiB), best of 5."""
+    x = torch.ones(2**27, device=device)  # 512 MiB float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = float("inf")
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        x.sum()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+BANDWIDTH: dict = {}
+
+
 def timed(fn, sync=None):
     t0 = time.perf_counter()
     out = fn()
@@ -109,9 +126,13 @@ def bench(name, model, t, device, nx_max_edges, nx_steps):
 
     for method, dtype, tol in (("lanczos", "float64", 1e-10), ("lanczos", "float32", 1e-6)):
         res, dt, t_load, diff, peak = ours(method, dtype, tol)
+        iters = float(res.iterations.double().mean())
+        # memory-bandwidth floor: every edge weight read once per iteration per graph
+        floor = (4 if dtype == "float32" else 8) * topo.num_edges * t * iters / BANDWIDTH["bytes_per_s"]
         rows.append(dict(method=f"dtg blocks {method}", dtype=dtype, seconds=dt,
-                         iterations=float(res.iterations.double().mean()), max_abs_diff=diff,
-                         peak_mb=peak, note=f"filter norms {t_load / t:.3f} s/graph not counted"))
+                         iterations=iters, max_abs_diff=diff, peak_mb=peak, floor_s=floor,
+                         x_bandwidth_floor=dt / floor,
+                         note=f"filter norms {t_load / t:.3f} s/graph not counted"))
     res_nx, dt_nx, _, diff_nx, peak = ours("networkx", "float64", 1e-6)
     nx_iters = float(res_nx.iterations.double().mean())
     rows.append(dict(method="dtg blocks networkx-steps", dtype="float64", seconds=dt_nx,
@@ -175,13 +196,15 @@ def _nx_steps(g, steps):
 
 
 def to_markdown(rows):
-    head = "| model | T | edges | method | dtype | s/graph | iters | max abs diff | x NetworkX | x SciPy |\n|---|---|---|---|---|---|---|---|---|---|"
+    head = ("| model | T | edges | method | dtype | s/graph | iters | max abs diff | x NetworkX | x SciPy | x bandwidth floor |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         sx = f"{r['speedup_vs_networkx']:.3g}" if r.get("speedup_vs_networkx") else "–"
+        bw = f"{r['x_bandwidth_floor']:.2f}" if "x_bandwidth_floor" in r else "–"
         lines.append(f"| {r['model']} | {r['T']} | {r['edges']:,} | {r['method']} | {r['dtype']} | "
                      f"{r['per_graph_s']:.4g} | {r['iterations']:.0f} | {r['max_abs_diff']:.1e} | {sx} | "
-                     f"{r['speedup_vs_scipy']:.3g} |")
+                     f"{r['speedup_vs_scipy']:.3g} | {bw} |")
     return "\n".join(lines)
 
 
@@ -195,6 +218,8 @@ def main(argv=None):
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = p.parse_args(argv)
     device = resolve_device(a.device)
+    BANDWIDTH["bytes_per_s"] = read_bandwidth(device)
+    print(f"streaming read bandwidth on {device}: {BANDWIDTH['bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
     ts = a.timesteps or ([1, 10] if a.quick else [1, 10, 50])
     rows = []
     for name, build in models(a.quick):
@@ -215,6 +240,7 @@ def main(argv=None):
     env = {"device": str(device), "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "networkx": nx.__version__,
            "scipy": scipy.__version__, "python": platform.python_version(),
+           "read_bandwidth_gb_s": BANDWIDTH["bytes_per_s"] / 1e9,
            "date": time.strftime("%Y-%m-%d %H:%M")}
     (out / f"{tag}.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
     (out / f"{tag}.md").write_text(f"Measured {env['date']} on {env['device']} "

@@ -17,16 +17,16 @@ __all__ = ["demo_config", "run_demo"]
 
 
 def demo_config(quick: bool = False) -> SweepConfig:
-    """The digits LeNet-5 sweep: 8 lr × 4 dropout × 3 seeds = 96 runs, 20 checkpoints each
-    (every 10 steps over 10 epochs); ``quick``: 4 × 2 × 2 = 16 runs, 8 checkpoints."""
+    """The default digits LeNet-5 sweep: 8 lr × 4 dropout × 3 seeds = 96 runs, 20 epochs, a
+    checkpoint each epoch; ``quick``: 4 × 2 × 2 = 16 runs, 8 checkpoints."""
     if quick:
         return SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.01, 0.05, 0.3),
                            dropouts=(0.0, 0.5), seeds=2, epochs=2, checkpoint_every=5,
                            checkpoint_unit="step", batch_size=64)
     return SweepConfig(model="lenet5", dataset="digits",
                        lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
-                       dropouts=(0.0, 0.25, 0.5, 0.75), seeds=3, epochs=10,
-                       checkpoint_every=10, checkpoint_unit="step", batch_size=64)
+                       dropouts=(0.0, 0.25, 0.5, 0.75), seeds=3, epochs=20,
+                       checkpoint_every=1, checkpoint_unit="epoch", batch_size=64)
 
 
 def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, progress: bool = True,
@@ -43,7 +43,7 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, pro
     t = sf.timesteps
     early = max(1, t // 4)
     ks = sorted({1, 2, early, t // 2, t} - {0})
-    names = ["dtg", "weight_stats", "dtg+weight_stats", "learning_curve"]
+    names = ["dtg", "weight_stats", "spectral", "dtg+weight_stats", "learning_curve"]
     reps = repeats or (5 if quick else 20)
     echo(f"[3/4] evaluating {len(names)} feature sets at k={ks} over {reps} stratified 90/10 splits")
     rows = compare(sf, ks, names, threshold="median", repeats=reps)

@@ -67,6 +67,10 @@ class VGG(nn.Module):
             nn.Flatten(), nn.Dropout(dropout), nn.Linear(c, hidden), nn.ReLU(inplace=True),
             nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
             nn.Linear(hidden, num_classes))
+        for m in self.features:  # torchvision's VGG init: without batch norm the default
+            if isinstance(m, nn.Conv2d):  # init vanishes through 8+ layers and nothing trains
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -26,9 +27,10 @@ from .checkpoints import CHECKPOINT_SUFFIXES, Run
 from .data import Dataset, load_dataset
 from .engine import resolve_device
 from .exceptions import DTGWarning
+from .grouped import GroupedSequential, sequential_layers
 from .models import build_model
 
-__all__ = ["SweepConfig", "run_sweep", "load_sweep", "atomic_write"]
+__all__ = ["SweepConfig", "run_sweep", "load_sweep", "atomic_write", "tune_cpu_malloc"]
 
 
 @dataclass
@@ -176,51 +178,44 @@ def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path
                      time.time() - started)
 
 
-def _vmappable(cfg: SweepConfig, ds: Dataset) -> bool:
-    """Runs can train together: plain SGD and a model without buffers (no BatchNorm)."""
+def _groupable(cfg: SweepConfig, ds: Dataset) -> bool:
+    """Runs can train together: plain SGD and a plain sequential CNN (see :mod:`.grouped`)."""
     probe = build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels,
                         **cfg.model_kwargs)
-    return cfg.optimizer == "sgd" and not any(True for _ in probe.buffers())
+    return cfg.optimizer == "sgd" and sequential_layers(probe) is not None
 
 
 def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], folders: list[Path],
                 device: torch.device, progress: bool = False) -> list[dict[str, Any]]:
-    r"""Train runs that share architecture and dropout rate at once with ``torch.func.vmap``.
+    r"""Train runs that share a seed at once, as one grouped network (:class:`.GroupedSequential`).
 
-    Each run keeps its own initialisation (its seed), data order, dropout masks and
-    learning rate; SGD with momentum is applied per run (``b ← μ b + g``, ``θ ← θ − lr·b``,
-    PyTorch's rule). Numerically the same algorithm as :func:`train_run`, not the same
-    random stream.
+    As in :func:`train_run`, the seed fixes the initial weights and the mini-batch order, so
+    runs of one seed see the same batches; each run keeps its own learning rate, dropout
+    rate and dropout masks. SGD with momentum is applied per run (``b ← μ b + g``,
+    ``θ ← θ − lr·b``, PyTorch's rule). The same algorithm as :func:`train_run`; only the
+    dropout masks come from a different random stream.
     """
-    from torch.func import functional_call, grad_and_value, stack_module_state, vmap
-
     started = time.time()
-    dropout = points[0]["dropout"]
-    kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=dropout,
-                  **cfg.model_kwargs)
+    seeds = {pt["seed"] for pt in points}
+    if len(seeds) != 1:
+        raise ValueError(f"train_group needs runs of one seed, got seeds {sorted(seeds)}")
+    seed = points[0]["seed"]
+    kwargs_of = [dict(num_classes=ds.num_classes, in_channels=ds.in_channels,
+                      dropout=pt["dropout"], **cfg.model_kwargs) for pt in points]
     models = []
-    for pt in points:
-        torch.manual_seed(pt["seed"])
-        models.append(build_model(cfg.model, **kwargs).to(device))
-    params, _ = stack_module_state(models)
-    params = {k: v.detach().clone() for k, v in params.items()}
-    base = build_model(cfg.model, **kwargs).to("meta")
+    for kw in kwargs_of:
+        torch.manual_seed(seed)
+        models.append(build_model(cfg.model, **kw).to(device))
+    xtr, ytr = (t.to(device) for t in ds.train)
+    xva, yva = (t.to(device) for t in ds.val)
+    net = GroupedSequential(models, [pt["dropout"] for pt in points], example=xva[:2])
+    del models
+    params = net.params
     m = len(points)
     lr = torch.tensor([pt["lr"] for pt in points], device=device)
     momentum = {k: torch.zeros_like(v) for k, v in params.items()}
-
-    def loss_fn(p, x, y):
-        return F.cross_entropy(functional_call(base, p, (x,)), y)
-
-    step_fn = vmap(grad_and_value(loss_fn), randomness="different")
-
-    def forward_eval(p, x):
-        return functional_call(base, p, (x,))
-
-    eval_fn = vmap(forward_eval, in_dims=(0, None))
-    gens = [torch.Generator().manual_seed(10_000 + pt["seed"]) for pt in points]
-    xtr, ytr = (t.to(device) for t in ds.train)
-    xva, yva = (t.to(device) for t in ds.val)
+    torch.manual_seed(seed)  # dropout masks
+    gen = torch.Generator().manual_seed(10_000 + seed)
     n, bs = len(xtr), int(cfg.batch_size)
     records: list[list[dict[str, Any]]] = [[] for _ in points]
     diverged = torch.zeros(m, dtype=torch.bool)
@@ -229,9 +224,7 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
 
     @torch.no_grad()
     def evaluate(x, y):
-        base.eval()
-        out = torch.cat([eval_fn(params, x[i:i + 1024]) for i in range(0, len(x), 1024)], 1)
-        base.train()
+        out = torch.cat([net.forward(x[i:i + 1024], train=False) for i in range(0, len(x), 1024)], 1)
         acc = (out.argmax(-1) == y).float().mean(1)
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.repeat(m), reduction="none")
         return acc.tolist(), loss.view(m, -1).mean(1).tolist()
@@ -240,38 +233,76 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
         accs, losses = evaluate(xva, yva)
         for j in range(m):
             name = f"ckpt-{len(records[j]) + 1:04d}.safetensors"
-            _save_state({k: v[j] for k, v in params.items()}, folders[j] / name)
+            _save_state(net.state(j), folders[j] / name)
             records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j],
                                                  float(last_loss[j])))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
         from tqdm.auto import tqdm
-        epochs = tqdm(epochs, desc=f"{m} runs, dropout={dropout:g}", leave=False, unit="epoch")
-    base.train()
+        epochs = tqdm(epochs, desc=f"{m} runs, seed={seed}", leave=False, unit="epoch")
+    keys = list(params)
     for epoch in epochs:
-        order = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)
+        order = torch.randperm(n, generator=gen).to(device)
         for i in range(0, n, bs):
             step += 1
-            idx = order[:, i:i + bs]
-            grads, loss = step_fn(params, xtr[idx], ytr[idx])
+            idx = order[i:i + bs]
+            out = net.forward(xtr[idx])  # [m, B, classes]
+            yb = ytr[idx]
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.repeat(m),
+                                   reduction="none").view(m, -1).mean(1)
+            grads = torch.autograd.grad(loss.sum(), [params[k] for k in keys])
             with torch.no_grad():
-                for k, g in grads.items():
+                for k, g in zip(keys, grads):
                     buf = momentum[k].mul_(cfg.momentum).add_(g)
                     params[k].sub_(lr.view(-1, *([1] * (g.dim() - 1))) * buf)
             last_loss = loss.detach().cpu()
+            diverged |= ~torch.isfinite(last_loss)
             if cfg.checkpoint_unit == "step" and step % cfg.checkpoint_every == 0:
                 checkpoint(epoch)
-        diverged |= ~torch.isfinite(last_loss)
         if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
             checkpoint(epoch)
     for k, v in params.items():
-        diverged |= ~torch.isfinite(v.reshape(m, -1)).all(1).cpu()
+        diverged |= ~torch.isfinite(v.detach().reshape(m, -1)).all(1).cpu()
     test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))
     seconds = (time.time() - started) / m
-    return [{**_run_meta(cfg, folders[j].name, kwargs, pt, records[j], test_acc[j], test_loss[j],
-                         bool(diverged[j]), seconds), "trained_with": "vmap"}
+    return [{**_run_meta(cfg, folders[j].name, kwargs_of[j], pt, records[j], test_acc[j],
+                         test_loss[j], bool(diverged[j]), seconds), "trained_with": "grouped"}
             for j, pt in enumerate(points)]
+
+
+_MALLOC_TUNED = False
+
+
+def tune_cpu_malloc() -> bool:
+    r"""Make glibc keep large freed buffers for reuse instead of unmapping them (Linux only).
+
+    A training step on CPU allocates activations of tens of MB; glibc serves anything over
+    its mmap threshold (at most 32 MB) with a fresh ``mmap`` that the kernel must zero page
+    by page, and unmaps it on free. For the grouped digits sweep that was 40 % of the wall
+    time in system calls. This raises the threshold to 1 GiB (and the trim threshold to 2 GiB)
+    with ``mallopt`` for the whole process, once. It is what ``run_sweep`` does before
+    training on CPU; set ``DTG_NO_MALLOC_TUNING=1`` to leave the allocator alone.
+
+    Returns
+    -------
+    bool
+        Whether the setting was applied (False off glibc or when opted out).
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return True
+    if os.environ.get("DTG_NO_MALLOC_TUNING") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        ok = bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 1 << 31))
+    except (OSError, AttributeError):
+        return False
+    _MALLOC_TUNED = ok
+    return ok
 
 
 def _is_complete(folder: Path) -> bool:
@@ -300,8 +331,9 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
     progress : bool, default True
         tqdm bars over runs and epochs.
     group_size : int, default 32
-        Runs with the same dropout rate trained at once with ``torch.func.vmap`` (plain SGD,
-        models without BatchNorm); ``1`` trains one run at a time.
+        Up to this many runs of one seed are trained at once as one grouped network (plain
+        SGD, sequential CNNs such as LeNet-5 and VGG without batch norm; see
+        :mod:`dtg_gpu.grouped`); ``1`` trains one run at a time.
 
     Returns
     -------
@@ -337,15 +369,17 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
         return out
     ds = dataset or load_dataset(cfg.dataset, data_root, download)
     dev = resolve_device(device)
+    if dev.type == "cpu":
+        tune_cpu_malloc()
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(grid), initial=len(grid) - len(todo), desc="sweep", unit="run")
-    if group_size > 1 and _vmappable(cfg, ds):
-        by_dropout: dict[float, list] = {}
+    if group_size > 1 and _groupable(cfg, ds):
+        by_seed: dict[int, list] = {}
         for item in todo:
-            by_dropout.setdefault(item[1]["dropout"], []).append(item)
-        batches = [g[i:i + group_size] for g in by_dropout.values() for i in range(0, len(g), group_size)]
+            by_seed.setdefault(item[1]["seed"], []).append(item)
+        batches = [g[i:i + group_size] for g in by_seed.values() for i in range(0, len(g), group_size)]
     else:
         batches = [[item] for item in todo]
     try:

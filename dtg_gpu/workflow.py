@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .analysis import featurize
-from .baselines import learning_curve, weight_statistics
+from .baselines import learning_curve, spectral_alpha, weight_statistics
 from .checkpoints import Run
 from .evaluation import evaluate
 from .features import temporal_features
@@ -70,8 +70,8 @@ def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
 
 
 def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``dtg+weight_stats``,
-    ``learning_curve``."""
+    """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``spectral``,
+    ``dtg+weight_stats``, ``learning_curve``."""
     out: dict[str, np.ndarray] = {}
     ws = None
     for name in names:
@@ -80,6 +80,8 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
         elif name in ("weight_stats", "dtg+weight_stats"):
             ws = weight_statistics(sf.runs, k) if ws is None else ws
             out[name] = ws if name == "weight_stats" else np.hstack([sf.dtg(k), ws])
+        elif name == "spectral":
+            out[name] = spectral_alpha(sf.runs, k)
         elif name == "learning_curve":
             out[name] = learning_curve(sf.runs, k)
         else:

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from dtg_gpu import channel_topology
 from dtg_gpu.cli.main import SUBCOMMANDS, main
+from dtg_gpu.models import build_model
 from dtg_gpu.sweeps import SweepConfig, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +65,22 @@ def test_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
     assert "no sweep.json" in capsys.readouterr().err
     assert main(["sweep", "--dataset", "mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "m"), "--quiet"]) == 1
     assert "mnist was not found" in capsys.readouterr().err
+    assert main(["sweep", "--model", "lenet5", "--width", "0.5", "--out", str(tmp_path / "w"), "--quiet"]) == 1
+    assert "--width applies to vgg" in capsys.readouterr().err
+
+
+def test_sweep_command_trains_a_narrow_vgg_grouped(tmp_path, capsys):
+    out = tmp_path / "vgg"
+    assert main(["sweep", "--model", "vgg11", "--width", "0.0625", "--lr", "0.01", "--dropout", "0", "0.5",
+                 "--epochs", "1", "--checkpoint-every", "10", "--checkpoint-unit", "step", "--out", str(out),
+                 "--quiet", "--device", "cpu"]) == 0
+    metas = [json.loads((out / f"run-{i:04d}" / "run.json").read_text()) for i in range(2)]
+    assert all(m["trained_with"] == "grouped" and len(m["checkpoints"]) == 2 for m in metas)
+    capsys.readouterr()
+    assert main(["analyze", str(out / "run-0001"), "--json", "--device", "cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    narrow = build_model("vgg11", num_classes=10, in_channels=1, width=0.0625)
+    assert data["num_nodes"] == channel_topology(narrow).num_nodes and len(data["timesteps"]) == 2
 
 
 def test_demo_quick(tmp_path, capsys):

@@ -40,6 +40,9 @@ def _sweep_args(p):
     p.add_argument("--checkpoint-unit", choices=["epoch", "step"], default="epoch")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--width", type=float, default=None, help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16)")
+    p.add_argument("--group-size", type=int, default=32,
+                   help="runs of one seed trained at once as one grouped network (1: one at a time)")
     p.add_argument("--data-root", default="data", help="where MNIST/CIFAR live (default ./data)")
     p.add_argument("--download", action="store_true", help="let torchvision download a missing dataset")
     p.add_argument("--out", required=True, help="sweep folder (resumable)")
@@ -47,14 +50,30 @@ def _sweep_args(p):
     _device(p)
 
 
+def _width_kwargs(model: str, width: float | None) -> dict:
+    if width is None:
+        return {}
+    if not width > 0:
+        raise ValueError(f"--width must be positive, got {width}")
+    if model.startswith("vgg"):
+        return {"width": width}
+    if model in ("resnet20", "resnet32") and float(width).is_integer():
+        return {"width": int(width)}
+    raise ValueError(f"--width applies to vgg* (a multiplier) and resnet20/32 (an integer base width), "
+                     f"not to {model} with {width}")
+
+
 def _sweep_run(a) -> int:
     from ..sweeps import SweepConfig, run_sweep
 
     cfg = SweepConfig(model=a.model, dataset=a.dataset, lrs=a.lr, dropouts=a.dropout, seeds=a.seeds,
                       epochs=a.epochs, checkpoint_every=a.checkpoint_every,
-                      checkpoint_unit=a.checkpoint_unit, batch_size=a.batch_size, optimizer=a.optimizer)
+                      checkpoint_unit=a.checkpoint_unit, batch_size=a.batch_size, optimizer=a.optimizer,
+                      model_kwargs=_width_kwargs(a.model, a.width))
+    if a.group_size < 1:
+        raise ValueError(f"--group-size must be >= 1, got {a.group_size}")
     out = run_sweep(cfg, a.out, data_root=a.data_root, download=a.download, device=a.device,
-                    progress=not a.quiet)
+                    progress=not a.quiet, group_size=a.group_size)
     print(f"sweep complete: {out}")
     return 0
 
@@ -194,7 +213,7 @@ def _evaluate_args(p):
     p.add_argument("--threshold", default="median")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--features", nargs="+", default=["dtg"],
-                   help="dtg, weight_stats, dtg+weight_stats, learning_curve")
+                   help="dtg, weight_stats, spectral, dtg+weight_stats, learning_curve")
     p.add_argument("--json", action="store_true")
     _features(p)
 

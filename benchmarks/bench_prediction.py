@@ -1,0 +1,205 @@
+"""Prediction quality against baselines (issue #7): how early, how precise, better than what.
+
+Two sweeps trained on the embedded digits data (8 learning rates x 4 dropouts x 3 seeds = 96
+runs, 20 checkpoints each):
+* ``lenet5``: LeNet-5, 20 epochs, a checkpoint each epoch (the default sweep of bench_sweep.py);
+* ``vgg11n``: CIFAR-form VGG-11 at width 1/16 (no batch norm), 20 epochs, a checkpoint each
+  epoch, learning rates 0.002 ... 0.1 (where it trains at all).
+
+Feature sets: dtg, weight_stats, spectral (WeightWatcher alpha), dtg+weight_stats, and the
+data-using learning_curve; k in {1, 2, 3, 5, 10, 20}; labels at the sweep median and at a
+fixed accuracy; 20 stratified 90/10 splits each. Then, on the first 25 % of checkpoints,
+variations of the DTG pipeline that explain where it falls short (alpha, classifier capacity,
+normalisation of the features, lambda_1, class balance).
+
+Usage: python benchmarks/bench_prediction.py [--quick] [--work DIR] [--out DIR] [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dtg_gpu import Run, analyze  # noqa: E402
+from dtg_gpu.evaluation import evaluate  # noqa: E402
+from dtg_gpu.features import temporal_features  # noqa: E402
+from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
+from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep  # noqa: E402
+from dtg_gpu.workflow import compare, featurize_sweep  # noqa: E402
+
+LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
+VGG_LRS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1)  # where a plain narrow VGG trains at all
+DROPOUTS = (0.0, 0.25, 0.5, 0.75)
+NAMES = ["dtg", "weight_stats", "spectral", "dtg+weight_stats", "learning_curve"]
+
+
+def sweeps(quick: bool) -> dict[str, SweepConfig]:
+    seeds = 1 if quick else 3
+    return {
+        "lenet5": SweepConfig(model="lenet5", dataset="digits", lrs=LRS, dropouts=DROPOUTS, seeds=seeds,
+                              epochs=20, checkpoint_every=1, checkpoint_unit="epoch"),
+        "vgg11n": SweepConfig(model="vgg11", dataset="digits", lrs=VGG_LRS, dropouts=DROPOUTS, seeds=seeds,
+                              epochs=20, checkpoint_every=1, checkpoint_unit="epoch",
+                              model_kwargs={"width": 1 / 16}),
+    }
+
+
+def _score(s: dict) -> dict:
+    return {m: {k: s[m][k] for k in ("mean", "ci_low", "ci_high")} for m in ("precision", "roc_auc")}
+
+
+def investigate(sf, k: int, threshold, repeats: int) -> list[dict]:
+    """DTG at ``k`` under variations; the SPEC pipeline is the first row."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    y = label_runs(sf.accuracies, threshold)
+    spec = PerformancePredictor()
+    rows = []
+
+    def add(what, X, clf=spec):
+        X = np.asarray(X, dtype=float)
+        ok = np.isfinite(X).all(1)
+        s = evaluate(clf, np.where(np.isfinite(X), X, np.nan), y, repeats=repeats)
+        rows.append({"variant": what, "dims": int(X.shape[1]), "rows_nonfinite": int((~ok).sum()),
+                     **_score(s)})
+
+    add("SPEC: alpha=0.5, MLP(32)", sf.dtg(k))
+    for a in (0.2, 0.8, 1.0):
+        add(f"alpha={a} (1.0 = no smoothing)", temporal_features(sf.stats[:, :k], a).double().numpy())
+    add("last timestep only (5 features)", sf.dtg(k)[:, -5:])
+    add("MLP(8)", sf.dtg(k), PerformancePredictor(hidden_sizes=(8,)))
+    add("MLP(64, 64)", sf.dtg(k), PerformancePredictor(hidden_sizes=(64, 64)))
+    add("logistic regression", sf.dtg(k),
+        make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))
+    # normalisation: centrality of unit L2 norm (SPEC) -> statistics of sqrt(N)*c (unit mean square),
+    # which only rescales mean/std/max; skew and kurtosis are scale-free.
+    n = sf.runs[0].topology.num_nodes
+    st = sf.stats[:, :k].clone()
+    st[..., :3] *= n ** 0.5
+    add("centrality scaled to unit mean square", temporal_features(st, sf.alpha).double().numpy())
+    lam = np.stack([analyze(Run(model=r.model, checkpoints=list(r.checkpoints)[:k], name=r.name), device="cpu")
+                    .eigenvalue.double().numpy() for r in sf.runs])
+    add("dtg + log lambda_1 per timestep (option)", np.hstack([sf.dtg(k), np.log(np.abs(lam) + 1e-30)]))
+    add("log lambda_1 alone", np.log(np.abs(lam) + 1e-30))
+    return rows
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [(sw, th) for sw in results["sweeps"] for th in results["sweeps"][sw]["thresholds"]]
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.3 * len(panels)), constrained_layout=True,
+                             squeeze=False)
+    for (sw, th), row in zip(panels, axes):
+        rows = results["sweeps"][sw]["thresholds"][th]["rows"]
+        for ax, metric in zip(row, ("precision", "roc_auc")):
+            for name in NAMES:
+                sel = sorted((r for r in rows if r["features"] == name), key=lambda r: r["k"])
+                k = [r["k"] for r in sel]
+                ax.plot(k, [r[metric]["mean"] for r in sel], marker="o", ms=3, label=name)
+                ax.fill_between(k, [r[metric]["ci_low"] for r in sel], [r[metric]["ci_high"] for r in sel],
+                                alpha=0.12)
+            ax.set_xscale("log")
+            ax.set_xticks([1, 2, 3, 5, 10, 20], ["1", "2", "3", "5", "10", "20"])
+            ax.set_ylim(0.3, 1.02)
+            ax.grid(alpha=0.3)
+            ax.set_xlabel("checkpoints used, k of 20")
+            ax.set_ylabel(metric.replace("roc_auc", "ROC AUC"))
+            ax.set_title(f"{sw}, label: {th} - {metric.replace('roc_auc', 'ROC AUC')} (95 % CI)", fontsize=10)
+        row[0].legend(loc="lower right", fontsize=8)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one seed (32 runs a sweep), 5 splits")
+    p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-prediction"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--fixed", type=float, default=0.9, help="fixed accuracy threshold (default 0.9)")
+    p.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: all)")
+    a = p.parse_args(argv)
+    repeats = a.repeats or (5 if a.quick else 20)
+    ks = [1, 2, 3, 5, 10, 20]
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats, "ks": ks, "sweeps": {}}
+    for name, cfg in sweeps(a.quick).items():
+        if a.only and name not in a.only:
+            continue
+        t0 = time.perf_counter()
+        folder = run_sweep(cfg, Path(a.work) / name, progress=False)
+        trained = time.perf_counter() - t0
+        runs = load_sweep(folder)
+        t0 = time.perf_counter()
+        sf = featurize_sweep(runs, alpha=0.5)
+        featurised = time.perf_counter() - t0
+        acc = sf.accuracies
+        entry = {"runs": len(runs), "timesteps": sf.timesteps, "train_s": round(trained, 1),
+                 "featurize_s": round(featurised, 1),
+                 "final_accuracy": {"min": float(np.nanmin(acc)), "median": float(np.nanmedian(acc)),
+                                    "max": float(np.nanmax(acc))},
+                 "diverged": int(sum(r.meta.get("status") == "diverged" for r in runs)), "thresholds": {}}
+        for th in ("median", a.fixed):
+            y = label_runs(acc, th)
+            t0 = time.perf_counter()
+            rows = compare(sf, ks, NAMES, threshold=th, repeats=repeats)
+            entry["thresholds"][str(th)] = {
+                "positives": int((y == 1).sum()), "negatives": int((y == 0).sum()),
+                "rows": [{"features": r["features"], "k": r["k"], **_score(r["scores"])} for r in rows],
+                "evaluate_s": round(time.perf_counter() - t0, 1)}
+            print(f"{name} threshold={th}: {int((y == 1).sum())} sufficient of {len(y)}", flush=True)
+            for r in rows:
+                s = r["scores"]
+                print(f"  {r['features']:<18} k={r['k']:<3} precision {s['precision']['mean']:.3f} "
+                      f"AUC {s['roc_auc']['mean']:.3f}", flush=True)
+        k25 = max(1, sf.timesteps // 4)
+        entry["investigation"] = {"k": k25, "threshold": "median", "rows": investigate(sf, k25, "median", repeats)}
+        for r in entry["investigation"]["rows"]:
+            print(f"  [k={k25}] {r['variant']:<42} precision {r['precision']['mean']:.3f} "
+                  f"AUC {r['roc_auc']['mean']:.3f}", flush=True)
+        results["sweeps"][name] = entry
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "prediction" + ("_quick" if a.quick else "")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    plot(results, out / f"{stem}_vs_k.png")
+    lines = []
+    for sw, e in results["sweeps"].items():
+        for th, t in e["thresholds"].items():
+            lines += [f"### {sw}, label: final accuracy >= {th} ({t['positives']} of {e['runs']} runs sufficient)", "",
+                      "| features | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+            for fs in NAMES:
+                cells = []
+                for k in ks:
+                    r = next(r for r in t["rows"] if r["features"] == fs and r["k"] == k)
+                    cells.append(f"{r['precision']['mean']:.2f} / {r['roc_auc']['mean']:.2f}")
+                lines.append(f"| {fs} | " + " | ".join(cells) + " |")
+            lines.append("")
+        inv = e["investigation"]
+        lines += [f"### {sw}: DTG variants at k={inv['k']} (first 25 %), median label", "",
+                  "| variant | dims | precision [95 % CI] | AUC [95 % CI] |", "|---|---|---|---|"]
+        for r in inv["rows"]:
+            pr, au = r["precision"], r["roc_auc"]
+            lines.append(f"| {r['variant']} | {r['dims']} | {pr['mean']:.3f} [{pr['ci_low']:.2f}, {pr['ci_high']:.2f}] "
+                         f"| {au['mean']:.3f} [{au['ci_low']:.2f}, {au['ci_high']:.2f}] |")
+        lines.append("")
+    (out / f"{stem}.md").write_text("cells: precision / AUC, mean over stratified 90/10 splits\n\n" + "\n".join(lines))
+    print(f"wrote {out / stem}.json, .md, _vs_k.png")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(torch.get_num_threads())
+    main()
