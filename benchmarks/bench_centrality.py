@@ -138,8 +138,9 @@ def bench(name, model, t, device, nx_max_edges, nx_steps):
     rows.append(dict(method="dtg blocks networkx-steps", dtype="float64", seconds=dt_nx,
                      iterations=nx_iters, max_abs_diff=diff_nx, peak_mb=peak,
                      note="NetworkX's (A+I) iteration and stopping rule"))
-    # our general sparse kernel (edge list), one batched call
-    if topo.num_edges <= 5e6:
+    # our general sparse kernel (edge list), one batched call; its int64 edge lists and CSR
+    # copies need ~50 bytes per edge per graph, so it is skipped above --sparse-max-edges in all
+    if topo.num_edges * t <= SPARSE_MAX["edges"]:
         blocks, _ = load_blocks(topo, ckpts, torch.device("cpu"), torch.float64)
         eis, ews = zip(*(graph_edges(topo, blocks, g) for g in range(t)))
         n = topo.num_nodes
@@ -186,6 +187,7 @@ def bench(name, model, t, device, nx_max_edges, nx_steps):
 
 
 NX_STEP_PER_EDGE: dict = {}
+SPARSE_MAX = {"edges": 2e7}
 
 
 def _nx_steps(g, steps):
@@ -215,12 +217,33 @@ def main(argv=None):
     p.add_argument("--device", default=None)
     p.add_argument("--nx-max-edges", type=float, default=2e6)
     p.add_argument("--nx-steps", type=int, default=3)
+    p.add_argument("--sparse-max-edges", type=float, default=2e7,
+                   help="skip the sparse kernel when edges x T exceed this (memory)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = p.parse_args(argv)
     device = resolve_device(a.device)
     BANDWIDTH["bytes_per_s"] = read_bandwidth(device)
+    SPARSE_MAX["edges"] = a.sparse_max_edges
     print(f"streaming read bandwidth on {device}: {BANDWIDTH['bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
     ts = a.timesteps or ([1, 10] if a.quick else [1, 10, 50])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"centrality_{device.type}" + ("_quick" if a.quick else "")
+    env = {"device": str(device), "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+           "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "networkx": nx.__version__,
+           "scipy": scipy.__version__, "python": platform.python_version(),
+           "read_bandwidth_gb_s": BANDWIDTH["bytes_per_s"] / 1e9,
+           "date": time.strftime("%Y-%m-%d %H:%M")}
+
+    def save():  # after every (model, T): a crash or kill keeps what was measured
+        for path, text in ((out / f"{tag}.json", json.dumps({"env": env, "rows": rows}, indent=2)),
+                           (out / f"{tag}.md", f"Measured {env['date']} on {env['device']} "
+                            f"({env['gpu'] or str(env['cpu_threads']) + ' CPU threads'}), torch {env['torch']}, "
+                            f"streaming read {env['read_bandwidth_gb_s']:.1f} GB/s.\n\n" + to_markdown(rows) + "\n")):
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+
     rows = []
     for name, build in models(a.quick):
         torch.manual_seed(0)
@@ -230,22 +253,11 @@ def main(argv=None):
                 continue  # 20 M edges x 50 float64 blocks exceed this machine's memory budget
             new = bench(name, model, t, device, a.nx_max_edges, a.nx_steps)
             rows += new
+            save()
             for r in new:
                 print(f"{name:12s} T={t:3d} {r['method']:40s} {r['dtype']:8s} {r['per_graph_s']:10.4g} s/graph "
                       f"iters={r['iterations']:6.0f} diff={r['max_abs_diff']:.1e} "
                       f"xNX={r['speedup_vs_networkx'] or float('nan'):.3g} xSciPy={r['speedup_vs_scipy']:.3g}", flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = f"centrality_{device.type}" + ("_quick" if a.quick else "")
-    env = {"device": str(device), "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-           "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "networkx": nx.__version__,
-           "scipy": scipy.__version__, "python": platform.python_version(),
-           "read_bandwidth_gb_s": BANDWIDTH["bytes_per_s"] / 1e9,
-           "date": time.strftime("%Y-%m-%d %H:%M")}
-    (out / f"{tag}.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
-    (out / f"{tag}.md").write_text(f"Measured {env['date']} on {env['device']} "
-                                    f"({env['gpu'] or str(env['cpu_threads']) + ' CPU threads'}), torch {env['torch']}.\n\n"
-                                    + to_markdown(rows) + "\n")
     print(f"wrote {out / tag}.json and .md")
 
 

@@ -5,8 +5,9 @@ Issue #6 targets: the pipeline is I/O-bound (featurise / read <= 1.3) and its pe
 bounded as T and runs grow.
 
 Workloads (files are written once to --work, safetensors, float32):
-* ``digits`` - the real digits LeNet-5 sweep written by ``bench_sweep.py --keep`` or, if absent,
-  trained here (small graphs: the pure Python/file overheads dominate);
+* ``digits`` - the real default digits LeNet-5 sweep (96 runs x 20 checkpoints): ``--digits``
+  names an existing one (bench_prediction.py writes it), else it is trained here (small graphs:
+  per-file and Python overheads dominate);
 * ``vgg11`` - CIFAR VGG-11 (width 1, 9.2 M weights, 36.9 MB a checkpoint): per run, an
   initialisation plus a random walk of the weights (real-size files on disk, not trained).
 
@@ -62,7 +63,7 @@ def _runs(workload: str, work: Path, runs: int, t: int):
                           runs, t)
     if workload == "digits":
         from dtg_gpu.sweeps import load_sweep
-        out = load_sweep(work / "digits")[:runs]
+        out = load_sweep(work)[:runs]
         for r in out:
             r.checkpoints = list(r.checkpoints)[:t]
         return out
@@ -93,36 +94,45 @@ def worker(a) -> None:
 
 
 # --------------------------------------------------------------------------- driver side
-def _write_vgg(work: Path, runs: int, t: int) -> None:
+def _write_vgg(work: Path, runs: int, t_first: int, t: int) -> None:
+    """Run 0 gets ``t_first`` checkpoints (the T series), the others ``t`` (the runs series)."""
     from safetensors.torch import save_file
 
     from dtg_gpu.models import build_model
     for i in range(runs):
+        t_i = t_first if i == 0 else t
         folder = work / "vgg11" / f"run-{i:03d}"
         have = len(list(folder.glob("*.safetensors"))) if folder.is_dir() else 0
-        if have >= t:
+        if have >= t_i:
             continue
         folder.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(i)
         state = {k: v.detach().clone().contiguous()
                  for k, v in build_model("vgg11", num_classes=10, in_channels=3).state_dict().items()}
         g = torch.Generator().manual_seed(1000 + i)
-        for j in range(t):
+        for j in range(t_i):
             for v in state.values():
                 v.add_(0.002 * torch.randn(v.shape, generator=g))
             if j >= have:
                 save_file(state, str(folder / f"ckpt-{j + 1:04d}.safetensors"))
 
 
-def _ensure_digits(work: Path, t: int) -> None:
+DIGITS: dict = {}
+
+
+def _ensure_digits(path: Path, t: int) -> None:
+    """The default digits sweep (as bench_sweep.py / bench_prediction.py), trained if absent."""
     from dtg_gpu.sweeps import SweepConfig, run_sweep
     cfg = SweepConfig(model="lenet5", dataset="digits",
                       lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
                       dropouts=(0.0, 0.25, 0.5, 0.75), seeds=3, epochs=t)
-    run_sweep(cfg, work / "digits", progress=False)
+    run_sweep(cfg, path, progress=False)
+    DIGITS["path"] = path
 
 
 def measure(workload: str, work: Path, runs: int, t: int, mode: str, device: str) -> dict:
+    if workload == "digits":
+        work = DIGITS["path"]
     cmd = [sys.executable, __file__, "--worker", "--workload", workload, "--work", str(work),
            "--runs", str(runs), "--t", str(t), "--mode", mode, "--device", device]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
@@ -138,6 +148,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-pipeline"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--digits", default=None,
+                   help="an existing default digits sweep folder (bench_prediction.py's lenet5); else trained here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", default="vgg11", help=argparse.SUPPRESS)
     p.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
@@ -150,11 +162,11 @@ def main(argv=None):
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     if a.quick:
-        t_grid, run_grid, digits_t = [5, 10, 20], [1, 2, 4], 10
+        t_grid, run_grid, digits_t = [5, 10, 20], [1, 2, 4], 20
     else:
         t_grid, run_grid, digits_t = [5, 10, 20, 40], [1, 2, 4, 8], 20
-    _write_vgg(work, max(run_grid), max(t_grid))
-    _ensure_digits(work, digits_t)
+    _write_vgg(work, max(run_grid), max(t_grid), t_grid[1])
+    _ensure_digits(Path(a.digits) if a.digits else work / "digits", digits_t)
     points = ([("vgg11", 1, t) for t in t_grid] + [("vgg11", r, t_grid[1]) for r in run_grid if r > 1]
               + [("digits", 96, digits_t)])
     rows = []

@@ -6,8 +6,9 @@ runs, 20 checkpoints each):
 * ``vgg11n``: CIFAR-form VGG-11 at width 1/16 (no batch norm), 20 epochs, a checkpoint each
   epoch, learning rates 0.002 ... 0.1 (where it trains at all).
 
-Feature sets: dtg, weight_stats, spectral (WeightWatcher alpha), dtg+weight_stats, and the
-data-using learning_curve; k in {1, 2, 3, 5, 10, 20}; labels at the sweep median and at a
+Feature sets: dtg, weight_stats, spectral (WeightWatcher alpha), dtg+weight_stats,
+and two options beyond SPEC: dtg+eigenvalue (log lambda_1 per timestep) and dtg_per_layer (the
+five statistics of each layer's nodes too), and the data-using learning_curve; k in {1, 2, 3, 5, 10, 20}; labels at the sweep median and at a
 fixed accuracy; 20 stratified 90/10 splits each. Then, on the first 25 % of checkpoints,
 variations of the DTG pipeline that explain where it falls short (alpha, classifier capacity,
 normalisation of the features, lambda_1, class balance).
@@ -30,7 +31,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dtg_gpu import Run, analyze  # noqa: E402
 from dtg_gpu.evaluation import evaluate  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
@@ -40,7 +40,8 @@ from dtg_gpu.workflow import compare, featurize_sweep  # noqa: E402
 LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
 VGG_LRS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1)  # where a plain narrow VGG trains at all
 DROPOUTS = (0.0, 0.25, 0.5, 0.75)
-NAMES = ["dtg", "weight_stats", "spectral", "dtg+weight_stats", "learning_curve"]
+NAMES = ["dtg", "weight_stats", "spectral", "dtg+weight_stats", "dtg+eigenvalue", "dtg_per_layer",
+         "learning_curve"]
 
 
 def sweeps(quick: bool) -> dict[str, SweepConfig]:
@@ -89,10 +90,14 @@ def investigate(sf, k: int, threshold, repeats: int) -> list[dict]:
     st = sf.stats[:, :k].clone()
     st[..., :3] *= n ** 0.5
     add("centrality scaled to unit mean square", temporal_features(st, sf.alpha).double().numpy())
-    lam = np.stack([analyze(Run(model=r.model, checkpoints=list(r.checkpoints)[:k], name=r.name), device="cpu")
-                    .eigenvalue.double().numpy() for r in sf.runs])
-    add("dtg + log lambda_1 per timestep (option)", np.hstack([sf.dtg(k), np.log(np.abs(lam) + 1e-30)]))
-    add("log lambda_1 alone", np.log(np.abs(lam) + 1e-30))
+    add("dtg + smoothed log lambda_1 (option eigenvalue=True)", sf.dtg(k, eigenvalue=True))
+    add("smoothed log lambda_1 alone", temporal_features(sf.log_eigenvalue[:, :k, None], sf.alpha).double().numpy())
+    add("per-layer statistics (option per_layer=True)", sf.dtg(k, per_layer=True))
+    add("per-layer statistics + log lambda_1", sf.dtg(k, per_layer=True, eigenvalue=True))
+    add("per-layer statistics, alpha=1.0", temporal_features(
+        torch.cat([sf.stats[:, :k], sf.layer_stats[:, :k]], -1), 1.0).double().numpy())
+    add("per-layer statistics, logistic regression", sf.dtg(k, per_layer=True),
+        make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))
     return rows
 
 

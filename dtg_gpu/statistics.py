@@ -15,9 +15,11 @@ vector is constant to working precision (``m_2 \le (\varepsilon \bar x)^2``).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-__all__ = ["STATISTICS", "timestep_statistics"]
+__all__ = ["STATISTICS", "timestep_statistics", "layer_node_groups", "layer_statistics"]
 
 STATISTICS = ("mean", "std", "median", "skewness", "kurtosis")
 
@@ -97,3 +99,33 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
     has_nan = torch.isnan(xz).any(1)
     out = torch.stack([mean, m2.sqrt(), median, skew, kurt], dim=1)
     return torch.where(has_nan[:, None], torch.full_like(out, float("nan")), out)
+
+
+def layer_node_groups(topology, min_nodes: int = 3) -> list[tuple[str, torch.Tensor]]:
+    """The nodes of each layer (by :attr:`ChannelTopology.node_owner`), in node order, for
+    layers with at least ``min_nodes`` nodes (fewer give constant skewness/kurtosis)."""
+    owners: dict[str, list[int]] = {}
+    for i, owner in enumerate(topology.node_owner):
+        owners.setdefault(owner, []).append(i)
+    return [(name, torch.tensor(idx)) for name, idx in owners.items() if len(idx) >= min_nodes]
+
+
+def layer_statistics(x: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.Tensor:
+    r"""The five statistics of each node group of each vector: ``[G, 5·L]`` in one pass.
+
+    ``x`` is ``[G, N]``; group ``l`` is the index tensor ``groups[l]``. Columns are
+    ``[group 0: mean … kurtosis, group 1: …]``. Used by ``featurize(per_layer=True)``.
+
+    Examples
+    --------
+    >>> x = torch.tensor([[1., 2., 3., 10., 0., 4.]])
+    >>> layer_statistics(x, [torch.tensor([0, 1, 2, 3]), torch.tensor([4, 5])])[0, :5]
+    tensor([ 4.0000,  3.5355,  2.5000,  1.0182, -0.7696])
+    """
+    if not groups:
+        raise ValueError("no node groups")
+    g = x.shape[0]
+    perm = torch.cat(list(groups)).to(x.device)
+    sizes = torch.tensor([len(idx) for idx in groups], device=x.device).repeat(g)
+    ptr = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    return timestep_statistics(x[:, perm].reshape(-1), ptr).reshape(g, len(groups) * 5)

@@ -20,6 +20,7 @@ from .checkpoints import Run
 from .evaluation import evaluate
 from .features import temporal_features
 from .predictor import PerformancePredictor, label_runs
+from .statistics import layer_node_groups
 
 __all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare"]
 
@@ -30,9 +31,20 @@ class SweepFeatures:
     stats: torch.Tensor          # [runs, T, 5] raw statistics
     alpha: float
     accuracies: np.ndarray       # [runs]
+    log_eigenvalue: torch.Tensor | None = None   # [runs, T] log lambda_1 (option beyond SPEC)
+    layer_stats: torch.Tensor | None = None      # [runs, T, 5·L] per-layer statistics (option)
 
-    def dtg(self, k: int) -> np.ndarray:
-        return temporal_features(self.stats[:, :k], self.alpha).double().numpy()
+    def dtg(self, k: int, eigenvalue: bool = False, per_layer: bool = False) -> np.ndarray:
+        """DTG features of the first ``k`` checkpoints; the options as in :func:`featurize`."""
+        parts = [self.stats[:, :k]]
+        for on, extra, what in ((per_layer, self.layer_stats, "per-layer statistics"),
+                                (eigenvalue, self.log_eigenvalue, "eigenvalues")):
+            if on:
+                if extra is None:
+                    raise ValueError(f"these features were made without {what}")
+                extra = extra[:, :k]
+                parts.append((extra if extra.dim() == 3 else extra[..., None]).to(parts[0].dtype))
+        return temporal_features(torch.cat(parts, -1), self.alpha).double().numpy()
 
     @property
     def timesteps(self) -> int:
@@ -63,15 +75,20 @@ def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
                     dtype=torch.float32, progress: bool = False) -> SweepFeatures:
     """Solve every checkpoint of every run once; keep the raw statistics."""
     runs = list(runs)
+    topos = {id(r.topology): r.topology for r in runs}
+    per_layer = len({len(layer_node_groups(t)) for t in topos.values()}) == 1
     _, stats = featurize(runs, alpha=alpha, device=device, dtype=dtype, progress=progress,
-                         return_stats=True)
+                         return_stats=True, eigenvalue=True, per_layer=per_layer)
     acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
-    return SweepFeatures(runs=runs, stats=stats, alpha=alpha, accuracies=acc)
+    return SweepFeatures(runs=runs, stats=stats[..., :5].contiguous(), alpha=alpha, accuracies=acc,
+                         log_eigenvalue=stats[..., -1].contiguous(),
+                         layer_stats=stats[..., 5:-1].contiguous() if per_layer else None)
 
 
 def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
     """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``spectral``,
-    ``dtg+weight_stats``, ``learning_curve``."""
+    ``dtg+weight_stats``, ``dtg+eigenvalue`` and ``dtg_per_layer`` (options beyond SPEC),
+    ``learning_curve``."""
     out: dict[str, np.ndarray] = {}
     ws = None
     for name in names:
@@ -80,6 +97,10 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
         elif name in ("weight_stats", "dtg+weight_stats"):
             ws = weight_statistics(sf.runs, k) if ws is None else ws
             out[name] = ws if name == "weight_stats" else np.hstack([sf.dtg(k), ws])
+        elif name == "dtg+eigenvalue":
+            out[name] = sf.dtg(k, eigenvalue=True)
+        elif name == "dtg_per_layer":
+            out[name] = sf.dtg(k, per_layer=True)
         elif name == "spectral":
             out[name] = spectral_alpha(sf.runs, k)
         elif name == "learning_curve":

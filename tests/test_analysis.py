@@ -1,10 +1,11 @@
 import numpy as np
+import scipy.stats
 import pytest
 import torch
 
 import dtg_gpu
 from dtg_gpu import NonFiniteWeightsWarning, DisconnectedGraphWarning, ConvergenceWarning, Run, analyze
-from dtg_gpu.models import build_model
+from dtg_gpu.models import LeNet5, build_model
 from dtg_gpu.reference import reference_centrality, reference_graph
 
 from conftest import GroupedNet, make_checkpoints
@@ -64,6 +65,29 @@ def test_batched_equals_looped_and_featurize_batches_runs(device):
     assert feats.shape == (3, 15)
     for i, run in enumerate(runs):
         np.testing.assert_allclose(feats[i].numpy(), analyze(run, alpha=0.5, **kw).features.numpy(), atol=1e-10)
+    # option beyond SPEC: log(lambda_1) as a sixth statistic, smoothed like the others
+    six = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, eigenvalue=True, **kw).view(3, 3, 6)
+    np.testing.assert_allclose(six[..., :5].reshape(3, 15).numpy(), feats.numpy(), atol=1e-12)
+    lam = np.log(analyze(runs[1], **kw).eigenvalue.numpy())
+    want = [lam[0], 0.5 * lam[1] + 0.5 * lam[0], 0.5 * lam[2] + 0.25 * lam[1] + 0.25 * lam[0]]
+    np.testing.assert_allclose(six[1, :, 5].numpy(), want, rtol=1e-10)
+
+
+def test_per_layer_statistics_option_matches_scipy_per_layer():
+    model = LeNet5()
+    runs = [Run(model=model, checkpoints=make_checkpoints(model, t=2, seed=s), name=f"r{s}") for s in range(2)]
+    kw = dict(device="cpu", dtype=torch.float64, tol=1e-12)
+    groups = dtg_gpu.statistics.layer_node_groups(runs[0].topology)
+    assert [len(idx) for _, idx in groups] == [6, 16, 120, 84, 10]  # the 1-node input is left out
+    X, st = dtg_gpu.featurize(runs, alpha=1.0, per_layer=True, eigenvalue=True, return_stats=True, **kw)
+    assert X.shape == (2, 2 * (5 + 25 + 1)) and st.shape == (2, 2, 31)
+    c = analyze(runs[1], **kw).centrality.numpy()
+    for li, (_, idx) in enumerate(groups):
+        v = c[1, idx.numpy()]
+        want = [v.mean(), v.std(), np.median(v), scipy.stats.skew(v), scipy.stats.kurtosis(v)]
+        np.testing.assert_allclose(st[1, 1, 5 + 5 * li: 10 + 5 * li].numpy(), want, rtol=1e-9, atol=1e-12)
+    base = dtg_gpu.featurize(runs, alpha=1.0, **kw)
+    np.testing.assert_allclose(st[:, :, :5].reshape(2, 10).numpy(), base.numpy(), atol=1e-12)
 
 
 def test_nan_checkpoints_are_flagged_and_do_not_leak():

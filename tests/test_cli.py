@@ -47,6 +47,17 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     assert len(rows) == 2 and re.search(r"P\(sufficient\)=\d\.\d{3}", rows[0])
     assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "3", "--device", "cpu"]) == 0
     assert "precision" in capsys.readouterr().out
+    # option beyond SPEC: log(lambda_1) per timestep; the predictor featurises new runs the same way
+    assert main(["featurize", str(sweep), "--timesteps", "2", "--eigenvalue", "--out", str(csv), "--device", "cpu"]) == 0
+    assert csv.read_text().splitlines()[0].endswith("kurtosis_t2,log_eigenvalue_t2")
+    assert main(["featurize", str(sweep), "--timesteps", "1", "--per-layer", "--out", str(csv), "--device", "cpu"]) == 0
+    assert len(csv.read_text().splitlines()[0].split(",")) == 2 + 30
+    assert "classifier.7:kurtosis_t1" in csv.read_text().splitlines()[0]
+    assert main(["train", str(sweep), "--timesteps", "2", "--eigenvalue", "--per-layer", "--out", str(pred),
+                 "--epochs", "20", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(pred), str(sweep / "run-0002"), "--device", "cpu"]) == 0
+    assert "P(sufficient)=" in capsys.readouterr().out
 
 
 def test_env_prints_versions(capsys):

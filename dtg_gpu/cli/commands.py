@@ -19,6 +19,22 @@ def _features(p: argparse.ArgumentParser) -> None:
     _device(p)
 
 
+def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--per-layer", action="store_true",
+                   help="option beyond SPEC: also the five statistics of each layer's nodes")
+    p.add_argument("--eigenvalue", action="store_true",
+                   help="option beyond SPEC: add log(lambda_1) as a last statistic per timestep")
+
+
+def _stat_names(runs, a) -> list[str]:
+    from ..statistics import STATISTICS, layer_node_groups
+
+    names = list(STATISTICS)
+    if a.per_layer:
+        names += [f"{layer}:{s}" for layer, _ in layer_node_groups(runs[0].topology) for s in STATISTICS]
+    return names + (["log_eigenvalue"] if a.eigenvalue else [])
+
+
 def _command(name: str, help: str, configure, run):
     def add_parser(sub):
         p = sub.add_parser(name, help=help, description=help)
@@ -123,19 +139,21 @@ def _featurize_args(p):
     p.add_argument("sweep", help="sweep folder")
     p.add_argument("--out", required=True, help="write features here (.csv)")
     _features(p)
+    _eigenvalue_flag(p)
 
 
 def _featurize_run(a) -> int:
     import pandas as pd
 
     from ..analysis import featurize
-    from ..statistics import STATISTICS
     from ..sweeps import load_sweep
 
     runs = load_sweep(a.sweep)
-    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True)
-    k = X.shape[1] // 5
-    cols = [f"{s}_t{t + 1}" for t in range(k) for s in STATISTICS]
+    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
+                  eigenvalue=a.eigenvalue, per_layer=a.per_layer)
+    names = _stat_names(runs, a)
+    k = X.shape[1] // len(names)
+    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names]
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])
@@ -155,6 +173,7 @@ def _train_args(p):
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     _features(p)
+    _eigenvalue_flag(p)
 
 
 def _threshold(text: str):
@@ -167,15 +186,17 @@ def _threshold(text: str):
 def _train_run(a) -> int:
     from ..analysis import featurize
     from ..predictor import PerformancePredictor, label_runs
-    from ..statistics import STATISTICS
     from ..sweeps import load_sweep
 
     runs = load_sweep(a.sweep)
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
-    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True)
-    k = X.shape[1] // 5
+    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
+                  eigenvalue=a.eigenvalue, per_layer=a.per_layer)
+    names = _stat_names(runs, a)
+    k = X.shape[1] // len(names)
     clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, feature_settings={
-        "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": list(STATISTICS)})
+        "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
+        "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer)})
     clf.fit(X.double().numpy(), y)
     clf.save(a.out)
     print(f"trained on {len(runs)} runs ({int(y.sum())} sufficient), k={k}: {a.out}")
@@ -213,7 +234,7 @@ def _evaluate_args(p):
     p.add_argument("--threshold", default="median")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--features", nargs="+", default=["dtg"],
-                   help="dtg, weight_stats, spectral, dtg+weight_stats, learning_curve")
+                   help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, learning_curve")
     p.add_argument("--json", action="store_true")
     _features(p)
 
