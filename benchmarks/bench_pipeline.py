@@ -11,10 +11,11 @@ Workloads (files are written once to --work, safetensors, float32):
 * ``vgg11`` - CIFAR VGG-11 (width 1, 9.2 M weights, 36.9 MB a checkpoint): per run, an
   initialisation plus a random walk of the weights (real-size files on disk, not trained).
 
-Every measurement runs in a fresh subprocess so that its peak RSS is its own; the page cache
-is warm (the files were just written or read once before), which is the best case for
-reading and so the strict case for the ratio. Reading = ``Run.weights(t)`` for every
-checkpoint, in the same order, in one thread.
+Every measurement runs in a fresh subprocess so that its peak RSS is its own. Reading =
+``Run.weights(t)`` for every checkpoint in the same order, touching every byte (a streaming
+sum: safetensors maps files lazily). Each point is measured cold (the files evicted from the
+page cache with ``posix_fadvise(DONTNEED)`` first: a sweep on disk) and warm (the best case
+for reading, so the strict case for the ratio).
 
 Usage: python benchmarks/bench_pipeline.py [--quick] [--device cpu] [--work DIR] [--out DIR]
 """
@@ -72,17 +73,33 @@ def _runs(workload: str, work: Path, runs: int, t: int):
                 name=f"run-{i:03d}") for i in range(runs)]
 
 
+def _evict(runs) -> None:
+    """Drop the runs' files from the page cache (posix_fadvise DONTNEED): a cold read."""
+    for r in runs:
+        for c in r.checkpoints:
+            if isinstance(c, (str, Path)):
+                fd = os.open(c, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
 def worker(a) -> None:
     from dtg_gpu import featurize
     runs = _runs(a.workload, Path(a.work), a.runs, a.t)
+    if a.cold:
+        _evict(runs)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    if a.mode == "read":
-        n = 0
+    if a.mode == "read":  # safetensors maps files lazily: touch every byte (a streaming sum)
+        n, total = 0, 0.0
         for r in runs:
             for t in range(len(r)):
-                w = r.weights(t)
-                n += sum(v.numel() for v in w.values())
+                for v in r.weights(t).values():
+                    n += v.numel()
+                    total += float(v.sum())
         extra = {"numbers_read": n}
     else:
         X = featurize(runs, device=a.device, dtype=torch.float32)
@@ -130,11 +147,11 @@ def _ensure_digits(path: Path, t: int) -> None:
     DIGITS["path"] = path
 
 
-def measure(workload: str, work: Path, runs: int, t: int, mode: str, device: str) -> dict:
+def measure(workload: str, work: Path, runs: int, t: int, mode: str, device: str, cold: bool = False) -> dict:
     if workload == "digits":
         work = DIGITS["path"]
     cmd = [sys.executable, __file__, "--worker", "--workload", workload, "--work", str(work),
-           "--runs", str(runs), "--t", str(t), "--mode", mode, "--device", device]
+           "--runs", str(runs), "--t", str(t), "--mode", mode, "--device", device] + (["--cold"] if cold else [])
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
@@ -155,6 +172,7 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--t", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--mode", default="featurize", help=argparse.SUPPRESS)
+    p.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -171,10 +189,13 @@ def main(argv=None):
               + [("digits", 96, digits_t)])
     rows = []
     for workload, runs, t in points:
-        measure(workload, work, runs, t, "read", a.device)  # warm the page cache
-        read = measure(workload, work, runs, t, "read", a.device)
+        cold_read = measure(workload, work, runs, t, "read", a.device, cold=True)
+        cold_feat = measure(workload, work, runs, t, "featurize", a.device, cold=True)
+        read = measure(workload, work, runs, t, "read", a.device)  # page cache now warm
         feat = measure(workload, work, runs, t, "featurize", a.device)
         row = {"workload": workload, "runs": runs, "T": t, "graphs": runs * t,
+               "cold_read_s": round(cold_read["seconds"], 3), "cold_featurize_s": round(cold_feat["seconds"], 3),
+               "cold_ratio": round(cold_feat["seconds"] / cold_read["seconds"], 2),
                "read_s": round(read["seconds"], 3), "featurize_s": round(feat["seconds"], 3),
                "ratio": round(feat["seconds"] / read["seconds"], 2),
                "read_peak_rss_mb": round(read["peak_rss_mb"]), "featurize_peak_rss_mb": round(feat["peak_rss_mb"]),
@@ -198,14 +219,17 @@ def main(argv=None):
     res = {"device": a.device, "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "vgg11_nodes": topo.num_nodes, "vgg11_edges": topo.num_edges,
            "checkpoint_mb_vgg11": round(sum(p.numel() for p in build_model("vgg11").parameters()) * 4 / 2**20, 1),
-           "page_cache": "warm", "rows": rows, "edges": edges}
+           "page_cache": "cold_* columns: files evicted with posix_fadvise(DONTNEED) first; others: warm",
+           "rows": rows, "edges": edges}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"pipeline_{a.device}" + ("_quick" if a.quick else "")
     (out / f"{stem}.json").write_text(json.dumps(res, indent=2))
-    lines = ["| workload | runs | T | graphs | read s | featurise s | ratio | peak RSS MB (read / featurise) |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['workload']} | {r['runs']} | {r['T']} | {r['graphs']} | {r['read_s']} | {r['featurize_s']} | "
+    lines = ["| workload | runs | T | graphs | cold read s | cold featurise s | cold ratio | warm read s | "
+             "warm featurise s | warm ratio | peak RSS MB (read / featurise) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['workload']} | {r['runs']} | {r['T']} | {r['graphs']} | {r['cold_read_s']} | {r['cold_featurize_s']} | "
+              f"{r['cold_ratio']} | {r['read_s']} | {r['featurize_s']} | "
               f"{r['ratio']} | {r['read_peak_rss_mb']} / {r['featurize_peak_rss_mb']} |" for r in rows]
     lines += ["", "| model | width | nodes | edges | T | featurise s | peak RSS MB |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {e['model']} | {e['width']} | {e['nodes']} | {e['edges']} | {e['T']} | {e['featurize_s']} | "

@@ -79,8 +79,8 @@ def test_missing_dataset_says_where_and_how(tmp_path):
 def test_killed_sweep_resumes_without_losing_completed_runs(tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "dtg_gpu.cli.main", "sweep", "--model", "lenet5", "--dataset", "digits",
-           "--lr", "0.01", "0.02", "0.05", "--dropout", "0", "0.3", "0.6", "--epochs", "2", "--checkpoint-every", "10",
-           "--checkpoint-unit", "step", "--out", str(out), "--quiet", "--device", "cpu"]
+           "--lr", "0.01", "0.02", "0.05", "--dropout", "0", "0.3", "0.6", "--seeds", "2", "--epochs", "2",
+           "--checkpoint-every", "10", "--checkpoint-unit", "step", "--out", str(out), "--quiet", "--device", "cpu"]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
@@ -89,11 +89,11 @@ def test_killed_sweep_resumes_without_losing_completed_runs(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(p.parent.name for p in out.glob("run-*/run.json"))
-    assert 1 <= len(done) < 9, "the kill should land mid-sweep"
+    assert 1 <= len(done) < 18, "the kill should land mid-sweep"  # 2 seeds: 2 grouped batches of 9
     snapshot = {p: p.read_bytes() for name in done for p in (out / name).iterdir()}
     assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
     runs = load_sweep(out)
-    assert len(runs) == 9
+    assert len(runs) == 18
     for p, data in snapshot.items():  # completed runs were skipped, not redone
         assert p.read_bytes() == data
 
