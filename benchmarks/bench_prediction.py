@@ -119,7 +119,7 @@ def plot(results: dict, path: Path) -> None:
                                 alpha=0.12)
             ax.set_xscale("log")
             ax.set_xticks([1, 2, 3, 5, 10, 20], ["1", "2", "3", "5", "10", "20"])
-            ax.set_ylim(0.3, 1.02)
+            ax.set_ylim(0.0, 1.02)
             ax.grid(alpha=0.3)
             ax.set_xlabel("checkpoints used, k of 20")
             ax.set_ylabel(metric.replace("roc_auc", "ROC AUC"))
