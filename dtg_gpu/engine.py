@@ -110,10 +110,9 @@ def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int, n
     """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit ``budget`` bytes."""
     item = torch.finfo(dtype).bits // 8
     sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
-    # loaded checkpoint (twice: prefetch) + one stacked layer + blocks (twice: the CPU
-    # operator keeps them transposed too) + Lanczos vectors
-    per_graph = item * (2 * sum(sizes) + max(sizes) + 2 * topology.num_edges
-                        + (ncv + 4) * topology.num_nodes)
+    # the next chunk's checkpoints while its blocks are built in the background, blocks
+    # three times (this chunk, its transposed copy on CPU, the next chunk) + Lanczos vectors
+    per_graph = item * (sum(sizes) + 3 * topology.num_edges + (ncv + 4) * topology.num_nodes)
     return max(1, int(budget // max(per_graph, 1)))
 
 
