@@ -21,9 +21,9 @@ def _models(name, kw, seeds, dropout=0.0, in_channels=1):
 
 
 @pytest.mark.parametrize("name,kw", ARCHS)
-def test_grouped_forward_and_gradients_match_each_model(name, kw):
-    models = _models(name, kw, [0, 1, 2])
-    x = torch.randn(7, 1, 32, 32)
+def test_grouped_forward_and_gradients_match_each_model(name, kw, device):
+    models = [m.to(device) for m in _models(name, kw, [0, 1, 2])]
+    x = torch.randn(7, 1, 32, 32, device=device)
     net = GroupedSequential(models, [0.0, 0.0, 0.0], example=x)
     out = net.forward(x, train=True)  # dropout 0: training forward is deterministic
     assert out.shape == (3, 7, 10)
