@@ -206,5 +206,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(torch.get_num_threads())
     main()

@@ -83,8 +83,9 @@ class GroupedSequential:
             else:
                 self.keys.append((None, None))
         device = next(models[0].parameters()).device
-        self.params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-                       .requires_grad_() for k in dict(models[0].named_parameters())}
+        per_model = [dict(m.named_parameters()) for m in models]
+        self.params = {k: torch.stack([ps[k].detach() for ps in per_model]).requires_grad_()
+                       for k in per_model[0]}
         used = {k for pair in self.keys for k in pair if k}
         if used != set(self.params):
             raise ValueError("model has parameters outside its Conv2d/Linear layers")
@@ -153,17 +154,11 @@ class GroupedSequential:
                          else h.reshape(B, m, -1).transpose(0, 1))
                     flat, shared = True, False
             elif isinstance(mod, nn.Dropout):
-                if train:
+                if train:  # keep-probability per run: [m, 1, 1] flat, [1, m·C, 1, 1] as maps
                     keep = self.keep.to(h.dtype)
-                    if flat:
-                        k = keep.view(-1, *([1] * (h.dim() - 1)))
-                        mask = torch.rand_like(h) < k
-                        h = h * mask / k.clamp_min(1e-12)
-                    else:
-                        C = h.shape[1] // m
-                        k = keep.repeat_interleave(C).view(1, -1, 1, 1)
-                        mask = torch.rand_like(h) < k
-                        h = h * mask / k.clamp_min(1e-12)
+                    k = (keep.view(-1, *([1] * (h.dim() - 1))) if flat
+                         else keep.repeat_interleave(h.shape[1] // m).view(1, -1, 1, 1))
+                    h = h * (torch.rand_like(h) < k) / k.clamp_min(1e-12)
             elif isinstance(mod, nn.Linear):
                 w = p[wk]
                 if not flat:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .checkpoints import CHECKPOINT_SUFFIXES, Run
+from .checkpoints import Run
 from .data import Dataset, load_dataset
 from .engine import resolve_device
 from .exceptions import DTGWarning
@@ -218,9 +218,9 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
     gen = torch.Generator().manual_seed(10_000 + seed)
     n, bs = len(xtr), int(cfg.batch_size)
     records: list[list[dict[str, Any]]] = [[] for _ in points]
-    diverged = torch.zeros(m, dtype=torch.bool)
+    diverged = torch.zeros(m, dtype=torch.bool, device=device)  # stays on the device: no sync per step
     step = 0
-    last_loss = torch.full((m,), float("nan"))
+    last_loss = torch.full((m,), float("nan"), device=device)
 
     @torch.no_grad()
     def evaluate(x, y):
@@ -231,11 +231,12 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
 
     def checkpoint(epoch: int) -> None:
         accs, losses = evaluate(xva, yva)
+        train_losses = last_loss.tolist()
         for j in range(m):
             name = f"ckpt-{len(records[j]) + 1:04d}.safetensors"
             _save_state(net.state(j), folders[j] / name)
             records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j],
-                                                 float(last_loss[j])))
+                                                 train_losses[j]))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
@@ -256,18 +257,19 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
                 for k, g in zip(keys, grads):
                     buf = momentum[k].mul_(cfg.momentum).add_(g)
                     params[k].sub_(lr.view(-1, *([1] * (g.dim() - 1))) * buf)
-            last_loss = loss.detach().cpu()
+            last_loss = loss.detach()
             diverged |= ~torch.isfinite(last_loss)
             if cfg.checkpoint_unit == "step" and step % cfg.checkpoint_every == 0:
                 checkpoint(epoch)
         if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
             checkpoint(epoch)
     for k, v in params.items():
-        diverged |= ~torch.isfinite(v.detach().reshape(m, -1)).all(1).cpu()
+        diverged |= ~torch.isfinite(v.detach().reshape(m, -1)).all(1)
+    diverged = diverged.tolist()
     test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))
     seconds = (time.time() - started) / m
     return [{**_run_meta(cfg, folders[j].name, kwargs_of[j], pt, records[j], test_acc[j],
-                         test_loss[j], bool(diverged[j]), seconds), "trained_with": "grouped"}
+                         test_loss[j], diverged[j], seconds), "trained_with": "grouped"}
             for j, pt in enumerate(points)]
 
 

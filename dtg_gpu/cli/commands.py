@@ -26,13 +26,18 @@ def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
                    help="option beyond SPEC: add log(lambda_1) as a last statistic per timestep")
 
 
-def _stat_names(runs, a) -> list[str]:
+def _sweep_features(a, runs):
+    """Featurise ``runs`` with the command's flags: ``(X, statistic names, k)``."""
+    from ..analysis import featurize
     from ..statistics import STATISTICS, layer_node_groups
 
+    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
+                  eigenvalue=a.eigenvalue, per_layer=a.per_layer)
     names = list(STATISTICS)
     if a.per_layer:
         names += [f"{layer}:{s}" for layer, _ in layer_node_groups(runs[0].topology) for s in STATISTICS]
-    return names + (["log_eigenvalue"] if a.eigenvalue else [])
+    names += ["log_eigenvalue"] if a.eigenvalue else []
+    return X, names, X.shape[1] // len(names)
 
 
 def _command(name: str, help: str, configure, run):
@@ -145,14 +150,10 @@ def _featurize_args(p):
 def _featurize_run(a) -> int:
     import pandas as pd
 
-    from ..analysis import featurize
     from ..sweeps import load_sweep
 
     runs = load_sweep(a.sweep)
-    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
-                  eigenvalue=a.eigenvalue, per_layer=a.per_layer)
-    names = _stat_names(runs, a)
-    k = X.shape[1] // len(names)
+    X, names, k = _sweep_features(a, runs)
     cols = [f"{s}_t{t + 1}" for t in range(k) for s in names]
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
@@ -184,16 +185,12 @@ def _threshold(text: str):
 
 
 def _train_run(a) -> int:
-    from ..analysis import featurize
     from ..predictor import PerformancePredictor, label_runs
     from ..sweeps import load_sweep
 
     runs = load_sweep(a.sweep)
-    y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
-    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
-                  eigenvalue=a.eigenvalue, per_layer=a.per_layer)
-    names = _stat_names(runs, a)
-    k = X.shape[1] // len(names)
+    y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
+    X, names, k = _sweep_features(a, runs)
     clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, feature_settings={
         "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
         "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer)})
