@@ -14,6 +14,7 @@ variations of the DTG pipeline that explain where it falls short (alpha, classif
 normalisation of the features, lambda_1, class balance).
 
 Usage: python benchmarks/bench_prediction.py [--quick] [--work DIR] [--out DIR] [--repeats 20]
+       python benchmarks/bench_prediction.py --focus [--repeats 100]   (the headline only)
 """
 
 from __future__ import annotations
@@ -129,6 +130,52 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+FOCUS = ["dtg", "dtg_per_layer", "dtg_per_layer+eigenvalue", "weight_stats", "spectral",
+         "dtg+weight_stats", "learning_curve"]
+
+
+def focus(a) -> None:
+    """The headline (k = 25 % of checkpoints, median label) with many splits, features solved
+    in float32 and in float64: tight intervals, and whether float32 rounding of the
+    centralities moves the predictor (the two columns share splits and MLP seeds)."""
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats or 100, "sweeps": {}}
+    lines = [f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits; "
+             "precision / AUC mean [95 % CI]. Features solved in float32 (the default) and float64.", ""]
+    for name, cfg in sweeps(a.quick).items():
+        if a.only and name not in a.only:
+            continue
+        runs = load_sweep(run_sweep(cfg, Path(a.work) / name, progress=False))
+        per_dtype = {str(dt).split(".")[-1]: featurize_sweep(runs, alpha=0.5, dtype=dt)
+                     for dt in (torch.float32, torch.float64)}
+        k = max(1, next(iter(per_dtype.values())).timesteps // 4)
+        rows = []
+        for fs in FOCUS:
+            row = {"features": fs}
+            for dt, sf in per_dtype.items():
+                if fs in ("weight_stats", "spectral", "learning_curve") and dt == "float64":
+                    row[dt] = row["float32"]  # no centrality in these
+                    continue
+                r = compare(sf, [k], [fs], threshold="median", repeats=results["repeats"])[0]
+                row[dt] = _score(r["scores"])
+            rows.append(row)
+            print(name, fs, {dt: (round(row[dt]["precision"]["mean"], 3), round(row[dt]["roc_auc"]["mean"], 3))
+                             for dt in per_dtype}, flush=True)
+        results["sweeps"][name] = {"k": k, "rows": rows}
+        lines += [f"### {name}, k = {k} of {next(iter(per_dtype.values())).timesteps}", "",
+                  "| features | precision (float32) | AUC (float32) | precision (float64) | AUC (float64) |",
+                  "|---|---|---|---|---|"]
+        for row in rows:
+            cells = [f"{row[dt][m]['mean']:.3f} [{row[dt][m]['ci_low']:.2f}, {row[dt][m]['ci_high']:.2f}]"
+                     for dt in ("float32", "float64") for m in ("precision", "roc_auc")]
+            lines.append(f"| {row['features']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prediction_focus.json").write_text(json.dumps(results, indent=2))
+    (out / "prediction_focus.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one seed (32 runs a sweep), 5 splits")
@@ -137,7 +184,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--fixed", type=float, default=0.9, help="fixed accuracy threshold (default 0.9)")
     p.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: all)")
+    p.add_argument("--focus", action="store_true",
+                   help="only the headline (k = 25 %%, median label) with 100 splits, float32 and float64")
     a = p.parse_args(argv)
+    if a.focus:
+        return focus(a)
     repeats = a.repeats or (5 if a.quick else 20)
     ks = [1, 2, 3, 5, 10, 20]
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats, "ks": ks, "sweeps": {}}

@@ -184,6 +184,45 @@ class ChannelTopology:
         """Whether the graph is connected when every weight slice is non-zero."""
         return self.num_structural_components == 1
 
+    @cached_property
+    def bipartition(self) -> np.ndarray | None:
+        r"""A two-colouring in which every layer joins its input side to its output side.
+
+        Returns a bool array ``[num_nodes]`` (``True``: the second colour) such that, in
+        every weight layer, all input nodes share one colour and all output nodes the
+        other; ``None`` when there is none (a self-loop, a residual connection that joins
+        nodes two layers apart, an odd cycle). Plain chains such as LeNet-5 and VGG have
+        one (even layers against odd layers); ResNets do not. Every edge of such a graph
+        joins the two colours, so its adjacency is :math:`\begin{pmatrix}0 & C\\ C^\top & 0
+        \end{pmatrix}` and its spectrum is symmetric (see :class:`~dtg_gpu.graph.BipartiteSquare`).
+
+        Computed once per architecture from the layers alone: a node ``v`` gets the
+        copies ``(v, 0)``, ``(v, 1)``; "same colour" joins ``(a, k)`` to ``(b, k)``,
+        "other colour" joins ``(a, k)`` to ``(b, 1-k)``. The constraints are satisfiable
+        exactly when no ``(v, 0)`` is connected to its own ``(v, 1)``.
+        """
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        n = self.num_nodes
+        a_list, b_list, flip = [], [], []
+        for layer in self.layers:
+            ins, outs = layer.in_nodes.numpy(), layer.out_nodes.numpy()
+            ref = ins[:1]
+            a_list += [np.repeat(ref, ins.size), np.repeat(ref, outs.size)]
+            b_list += [ins, outs]
+            flip += [np.zeros(ins.size, dtype=np.int64), np.ones(outs.size, dtype=np.int64)]
+        if not a_list:
+            return None
+        a, b, f = np.concatenate(a_list), np.concatenate(b_list), np.concatenate(flip)
+        rows = np.concatenate([a, a + n])
+        cols = np.concatenate([b + f * n, b + (1 - f) * n])
+        graph = coo_matrix((np.ones(rows.size), (rows, cols)), shape=(2 * n, 2 * n))
+        _, label = connected_components(graph, directed=False)
+        if bool((label[:n] == label[n:]).any()):
+            return None
+        return label[:n] > label[n:]
+
 
 # ----------------------------------------------------------------------------- tracing
 class _Cell:

@@ -87,8 +87,8 @@ def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
 
 def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
     """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``spectral``,
-    ``dtg+weight_stats``, ``dtg+eigenvalue`` and ``dtg_per_layer`` (options beyond SPEC),
-    ``learning_curve``."""
+    ``dtg+weight_stats``, ``dtg+eigenvalue``, ``dtg_per_layer`` and
+    ``dtg_per_layer+eigenvalue`` (options beyond SPEC), ``learning_curve``."""
     out: dict[str, np.ndarray] = {}
     ws = None
     for name in names:
@@ -101,6 +101,8 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
             out[name] = sf.dtg(k, eigenvalue=True)
         elif name == "dtg_per_layer":
             out[name] = sf.dtg(k, per_layer=True)
+        elif name == "dtg_per_layer+eigenvalue":
+            out[name] = sf.dtg(k, per_layer=True, eigenvalue=True)
         elif name == "spectral":
             out[name] = spectral_alpha(sf.runs, k)
         elif name == "learning_curve":
