@@ -49,7 +49,9 @@ class EigenResult:
     residual : Tensor ``[G]``
         ``‖Ax − λx‖₂ / λ`` (0 for an all-zero graph).
     iterations : LongTensor ``[G]``
-        Matrix–vector products (``lanczos``) or power steps (``networkx``) used.
+        Matrix–vector products (``lanczos``) or power steps (``networkx``) used. In the
+        bipartite form: products with ``C Cᵀ`` (each reads every block twice, as a product
+        with ``A`` does) plus one for the lift.
     converged : BoolTensor ``[G]``
     """
 

@@ -228,8 +228,8 @@ class BlockOperator:
     def has_zero_weights(self) -> torch.Tensor:
         """BoolTensor ``[G]``: some weight slice of the graph is exactly zero."""
         out = torch.zeros(self.num_graphs, dtype=torch.bool, device=self.device)
-        for block in self.blocks:
-            out |= (block.reshape(self.num_graphs, -1) == 0).any(1)
+        for block in self.blocks:  # norms are >= 0: a zero is the minimum (no [G, E] mask)
+            out |= block.reshape(self.num_graphs, -1).amin(1) == 0
         return out
 
 
