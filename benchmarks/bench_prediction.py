@@ -7,8 +7,8 @@ runs, 20 checkpoints each):
   epoch, learning rates 0.002 ... 0.1 (where it trains at all).
 
 Feature sets: dtg, weight_stats, spectral (WeightWatcher alpha), dtg+weight_stats,
-and two options beyond SPEC: dtg+eigenvalue (log lambda_1 per timestep) and dtg_per_layer (the
-five statistics of each layer's nodes too), and the data-using learning_curve; k in {1, 2, 3, 5, 10, 20}; labels at the sweep median and at a
+and options beyond SPEC: dtg+eigenvalue (log lambda_1 per timestep), dtg_per_layer (the
+five statistics of each layer's nodes too) and both, and the data-using learning_curve; k in {1, 2, 3, 5, 10, 20}; labels at the sweep median and at a
 fixed accuracy; 20 stratified 90/10 splits each. Then, on the first 25 % of checkpoints,
 variations of the DTG pipeline that explain where it falls short (alpha, classifier capacity,
 normalisation of the features, lambda_1, class balance).
@@ -42,7 +42,7 @@ LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
 VGG_LRS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1)  # where a plain narrow VGG trains at all
 DROPOUTS = (0.0, 0.25, 0.5, 0.75)
 NAMES = ["dtg", "weight_stats", "spectral", "dtg+weight_stats", "dtg+eigenvalue", "dtg_per_layer",
-         "learning_curve"]
+         "dtg_per_layer+eigenvalue", "learning_curve"]
 
 
 def sweeps(quick: bool) -> dict[str, SweepConfig]:
