@@ -226,6 +226,8 @@ def main(argv=None):
     p.add_argument("--nx-steps", type=int, default=3)
     p.add_argument("--sparse-max-edges", type=float, default=2e7,
                    help="skip the sparse kernel when edges x T exceed this (memory)")
+    p.add_argument("--models", nargs="+", default=None,
+                   help="subset, in this order (lenet5 cifar_vgg11 cifar_vgg16 resnet18 tv_vgg11)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = p.parse_args(argv)
     device = resolve_device(a.device)
@@ -252,7 +254,13 @@ def main(argv=None):
             tmp.replace(path)
 
     rows = []
-    for name, build in models(a.quick):
+    chosen = models(False) if a.models else models(a.quick)
+    if a.models:
+        unknown = set(a.models) - {name for name, _ in chosen}
+        if unknown:
+            p.error(f"unknown model(s) {sorted(unknown)}; choose from {[name for name, _ in chosen]}")
+        chosen = [(name, build) for name, build in chosen if name in a.models]
+    for name, build in chosen:
         torch.manual_seed(0)
         model = build()
         for t in ts:

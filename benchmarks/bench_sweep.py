@@ -23,7 +23,7 @@ from dtg_gpu.sweeps import SweepConfig, run_sweep  # noqa: E402
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--group-size", type=int, default=32, help="runs trained at once with vmap (1: one by one)")
+    p.add_argument("--group-size", type=int, default=32, help="runs of one seed trained at once as one grouped network (1: one by one)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
