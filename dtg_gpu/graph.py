@@ -198,10 +198,8 @@ class BlockOperator:
         """Apply every adjacency: ``x [G, N] → A x [G, N]``."""
         y = torch.zeros_like(x)
         for i, (_groups, out_sl, out_idx, in_sl, in_idx) in enumerate(self._plan):
-            xin = x[:, in_sl] if in_sl is not None else x.index_select(1, in_idx)
-            xout = x[:, out_sl] if out_sl is not None else x.index_select(1, out_idx)
-            _add(y, out_sl, out_idx, self.layer_out(i, xin))
-            _add(y, in_sl, in_idx, self.layer_in(i, xout))
+            _add(y, out_sl, out_idx, self.layer_out(i, _take(x, in_sl, in_idx)))
+            _add(y, in_sl, in_idx, self.layer_in(i, _take(x, out_sl, out_idx)))
         if self._diag is not None:
             y -= self._diag * x
         return y
