@@ -163,7 +163,8 @@ def focus(a) -> None:
         runs = load_sweep(run_sweep(cfg, Path(a.work) / name, progress=False))
         per_dtype = {str(dt).split(".")[-1]: featurize_sweep(runs, alpha=0.5, dtype=dt)
                      for dt in (torch.float32, torch.float64)}
-        k = max(1, next(iter(per_dtype.values())).timesteps // 4)
+        base = per_dtype["float32"]
+        k = max(1, base.timesteps // 4)
         rows = []
         for fs in FOCUS:
             row = {"features": fs}
@@ -176,9 +177,9 @@ def focus(a) -> None:
             rows.append(row)
             print(name, fs, {dt: (round(row[dt]["precision"]["mean"], 3), round(row[dt]["roc_auc"]["mean"], 3))
                              for dt in per_dtype}, flush=True)
-        oracle = hyperparameter_oracle(runs, label_runs(next(iter(per_dtype.values())).accuracies, "median"))
+        oracle = hyperparameter_oracle(runs, label_runs(base.accuracies, "median"))
         results["sweeps"][name] = {"k": k, "rows": rows, "hyperparameter_oracle": oracle}
-        lines += [f"### {name}, k = {k} of {next(iter(per_dtype.values())).timesteps}", "",
+        lines += [f"### {name}, k = {k} of {base.timesteps}", "",
                   f"Hyperparameter oracle (each run gets the share of sufficient runs among the other seeds "
                   f"of its own lr and dropout; no features): precision {oracle['precision']:.3f}, AUC "
                   f"{oracle['roc_auc']:.3f}; {oracle['configs_seeds_disagree']} of {oracle['configs']} "

@@ -157,7 +157,7 @@ def _lanczos_bipartite(square, tol, max_iter, ncv) -> EigenResult:
     res = _lanczos(square, mask, tol * 2 ** 0.5, max_iter - 1, ncv)
     mu = res.eigenvalue.clamp_min(0)
     lam = mu.sqrt()
-    x = square.lift(_sign_fix(res.vector), lam)
+    x = square.lift(res.vector, lam)  # solve_perron fixes the sign of the lifted vector
     residual = res.residual / 2 ** 0.5
     return EigenResult(x, lam, residual, res.iterations + 1, res.converged)
 
