@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+import dtg_gpu
 from dtg_gpu import channel_topology
 from dtg_gpu.cli.main import SUBCOMMANDS, main
 from dtg_gpu.models import build_model
@@ -54,10 +55,14 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     assert len(csv.read_text().splitlines()[0].split(",")) == 2 + 30
     assert "classifier.7:kurtosis_t1" in csv.read_text().splitlines()[0]
     assert main(["train", str(sweep), "--timesteps", "2", "--eigenvalue", "--per-layer", "--out", str(pred),
-                 "--epochs", "20", "--device", "cpu"]) == 0
+                 "--epochs", "20", "--scaling", "quantile", "--device", "cpu"]) == 0
+    assert dtg_gpu.PerformancePredictor.load(pred).scaling == "quantile"
     capsys.readouterr()
     assert main(["predict", str(pred), str(sweep / "run-0002"), "--device", "cpu"]) == 0
     assert "P(sufficient)=" in capsys.readouterr().out
+    assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--scaling", "quantile",
+                 "--device", "cpu"]) == 0
+    assert "precision" in capsys.readouterr().out
 
 
 def test_env_prints_versions(capsys):

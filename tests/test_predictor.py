@@ -7,7 +7,8 @@ import dtg_gpu
 from dtg_gpu import PerformancePredictor, evaluate, label_runs, split_runs
 
 
-@parametrize_with_checks([PerformancePredictor(epochs=60, random_state=0)])
+@parametrize_with_checks([PerformancePredictor(epochs=60, random_state=0),
+                          PerformancePredictor(epochs=60, random_state=0, scaling="quantile")])
 def test_sklearn_estimator_contract(estimator, check):
     check(estimator)
 
@@ -48,6 +49,41 @@ def test_learns_a_known_rule_and_is_reproducible():
     np.testing.assert_array_equal(clf.predict_proba(X), again.predict_proba(X))
     sgd = PerformancePredictor(optimizer="sgd", learning_rate=0.05, hidden_sizes=(16, 8), random_state=1)
     assert sgd.fit(X[:100], y[:100]).score(X[100:], y[100:]) >= 0.8
+
+
+@pytest.mark.parametrize("n_quantiles", [1000, 86, 10, 2])
+def test_quantile_normal_matches_scikit_learn(n_quantiles):
+    from sklearn.preprocessing import QuantileTransformer
+
+    from dtg_gpu.predictor import quantile_normal, training_quantiles
+    rng = np.random.default_rng(0)
+    X = rng.standard_cauchy((86, 6))             # heavy tails, like centrality kurtosis across a sweep
+    X[:, 3] = np.round(X[:, 3])                  # ties
+    X[:, 5] = 1.0                                # a constant feature
+    Y = np.vstack([X, 10 * rng.standard_cauchy((30, 6)), X[:5] + 1e-9, X[:5] - 1e-3])  # beyond, at the edges
+    qt = QuantileTransformer(n_quantiles=min(n_quantiles, 86), output_distribution="normal").fit(X)
+    q = training_quantiles(X, n_quantiles)
+    np.testing.assert_array_equal(q, qt.quantiles_)
+    np.testing.assert_allclose(quantile_normal(Y, q), qt.transform(Y), rtol=0, atol=1e-12)
+
+
+def test_quantile_scaling_depends_on_ranks_only(tmp_path):
+    X, y = _synthetic()
+    X[:, 0] = X[:, 0] ** 3 * 1e4                  # a heavy-tailed informative feature
+    clf = PerformancePredictor(random_state=0, scaling="quantile").fit(X, y)
+    assert clf.score(X, y) >= 0.9
+    # a strictly increasing map of any feature leaves the training ranks, so the fit, unchanged
+    Z = X.copy()
+    Z[:, 0] = np.sinh(Z[:, 0] / 1e4)
+    Z[:, 1] = np.exp(Z[:, 1])
+    same = PerformancePredictor(random_state=0, scaling="quantile").fit(Z, y)
+    np.testing.assert_allclose(same.predict_proba(Z), clf.predict_proba(X), atol=1e-6)
+    clf.save(tmp_path / "q.safetensors")
+    back = PerformancePredictor.load(tmp_path / "q.safetensors")
+    assert back.scaling == "quantile"
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        PerformancePredictor(scaling="minmax").fit(X, y)
 
 
 def test_diverged_rows_are_insufficient_and_never_reach_the_mlp():

@@ -175,6 +175,13 @@ def _train_args(p):
     p.add_argument("--seed", type=int, default=0)
     _features(p)
     _eigenvalue_flag(p)
+    _scaling(p)
+
+
+def _scaling(p):
+    p.add_argument("--scaling", choices=("standard", "quantile"), default="standard",
+                   help="feature scaling before the MLP: standard (SPEC) or quantile (normal scores of "
+                        "the training ranks; option beyond SPEC, robust to diverged runs)")
 
 
 def _threshold(text: str):
@@ -191,7 +198,7 @@ def _train_run(a) -> int:
     runs = load_sweep(a.sweep)
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
     X, names, k = _sweep_features(a, runs)
-    clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, feature_settings={
+    clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, scaling=a.scaling, feature_settings={
         "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
         "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer)})
     clf.fit(X.double().numpy(), y)
@@ -234,6 +241,7 @@ def _evaluate_args(p):
                    help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, learning_curve")
     p.add_argument("--json", action="store_true")
     _features(p)
+    _scaling(p)
 
 
 def _evaluate_run(a) -> int:
@@ -243,7 +251,9 @@ def _evaluate_run(a) -> int:
 
     sf = featurize_sweep(load_sweep(a.sweep), alpha=a.alpha, device=a.device, progress=True)
     k = a.timesteps or sf.timesteps
-    rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats)
+    from ..predictor import PerformancePredictor
+    rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
+                   clf=PerformancePredictor(scaling=a.scaling))
     if a.json:
         print(json.dumps([{"features": r["features"], "k": r["k"],
                            **{m: r["scores"][m] for m in ("precision", "recall", "f1", "accuracy", "roc_auc")}}
