@@ -172,8 +172,6 @@ def focus(a) -> None:
         per_dtype = {dt: featurize_sweep(runs, alpha=0.5, dtype=getattr(torch, dt)) for dt in {c[1] for c in columns}}
         base = per_dtype["float32"]
         k = max(1, base.timesteps // 4)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # the MLP is tiny: one thread fits it ~2x faster than two on this CPU
         rows = []
         for fs in FOCUS:
             row = {"features": fs}
@@ -187,7 +185,6 @@ def focus(a) -> None:
             rows.append(row)
             print(name, fs, {c: (round(v["precision"]["mean"], 3), round(v["roc_auc"]["mean"], 3))
                              for c, v in row.items() if c != "features"}, flush=True)
-        torch.set_num_threads(threads)
         oracle = hyperparameter_oracle(runs, label_runs(base.accuracies, "median"))
         results["sweeps"][name] = {"k": k, "rows": rows, "hyperparameter_oracle": oracle}
         lines += [f"### {name}, k = {k} of {base.timesteps}", "",

@@ -123,3 +123,23 @@ def test_evaluate_reports_intervals():
     assert np.sum(scores["confusion_matrix"]) == 5 * 10
     with pytest.raises(ValueError, match="only 1 run"):
         evaluate(PerformancePredictor(), X[:11], np.array([1] + [0] * 10))
+
+
+def test_fit_uses_one_cpu_thread_and_restores_the_callers_count(monkeypatch):
+    X, y = _synthetic()
+    seen = []
+    step = torch.optim.Adam.step
+
+    def spy(self, *a, **k):
+        seen.append(torch.get_num_threads())
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        PerformancePredictor(random_state=0, epochs=2).fit(X, y)
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
