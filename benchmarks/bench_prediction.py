@@ -11,7 +11,7 @@ and options beyond SPEC: dtg+eigenvalue (log lambda_1 per timestep), dtg_per_lay
 five statistics of each layer's nodes too) and both, and the data-using learning_curve; k in {1, 2, 3, 5, 10, 20}; labels at the sweep median and at a
 fixed accuracy; 20 stratified 90/10 splits each. Then, on the first 25 % of checkpoints,
 variations of the DTG pipeline that explain where it falls short (alpha, classifier capacity,
-normalisation of the features, lambda_1, class balance).
+normalisation of the features, lambda_1, per-layer statistics, the predictor's feature scaling).
 
 Usage: python benchmarks/bench_prediction.py [--quick] [--work DIR] [--out DIR] [--repeats 20]
        python benchmarks/bench_prediction.py --focus [--repeats 100] [--float64]   (the headline only)
@@ -99,6 +99,10 @@ def investigate(sf, k: int, threshold, repeats: int) -> list[dict]:
         torch.cat([sf.stats[:, :k], sf.layer_stats[:, :k]], -1), 1.0).double().numpy())
     add("per-layer statistics, logistic regression", sf.dtg(k, per_layer=True),
         make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))
+    quantile = PerformancePredictor(scaling="quantile")
+    add("quantile scaling (option scaling='quantile')", sf.dtg(k), quantile)
+    add("per-layer statistics, quantile scaling", sf.dtg(k, per_layer=True), quantile)
+    add("per-layer statistics + log lambda_1, quantile scaling", sf.dtg(k, per_layer=True, eigenvalue=True), quantile)
     return rows
 
 
