@@ -325,7 +325,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         return self
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
-        if getattr(self, "scaling", "standard") == "quantile":
+        if self.scaling == "quantile":
             return quantile_normal(X, self.quantiles_)
         return (X - self.mean_) / self.scale_
 

@@ -181,7 +181,7 @@ def _train_args(p):
 def _scaling(p):
     p.add_argument("--scaling", choices=("standard", "quantile"), default="standard",
                    help="feature scaling before the MLP: standard (SPEC) or quantile (normal scores of "
-                        "the training ranks; option beyond SPEC, robust to diverged runs)")
+                        "the training ranks; option beyond SPEC, for heavy-tailed features such as DTG's)")
 
 
 def _threshold(text: str):
