@@ -179,6 +179,7 @@ def _train_args(p):
 
 
 def _scaling(p):
+    # predictor.SCALINGS, spelled out so that parsing arguments does not import torch
     p.add_argument("--scaling", choices=("standard", "quantile"), default="standard",
                    help="feature scaling before the MLP: standard (SPEC) or quantile (normal scores of "
                         "the training ranks; option beyond SPEC, for heavy-tailed features such as DTG's)")
@@ -238,20 +239,21 @@ def _evaluate_args(p):
     p.add_argument("--threshold", default="median")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--features", nargs="+", default=["dtg"],
-                   help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, learning_curve")
+                   help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, "
+                        "dtg_per_layer+eigenvalue, learning_curve")
     p.add_argument("--json", action="store_true")
     _features(p)
     _scaling(p)
 
 
 def _evaluate_run(a) -> int:
+    from ..predictor import PerformancePredictor
     from ..report import results_table
     from ..sweeps import load_sweep
     from ..workflow import compare, featurize_sweep
 
     sf = featurize_sweep(load_sweep(a.sweep), alpha=a.alpha, device=a.device, progress=True)
     k = a.timesteps or sf.timesteps
-    from ..predictor import PerformancePredictor
     rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
                    clf=PerformancePredictor(scaling=a.scaling))
     if a.json:
