@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from .evaluation import METRICS
 from .analysis import analyze
 from .report import results_table, write_report
 from .sweeps import SweepConfig, load_sweep, run_sweep
@@ -59,7 +60,7 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, pro
     results = {"runs": len(runs), "timesteps": t, "early_k": early, "seconds": round(time.time() - started, 1),
                "rows": [{"features": r["features"], "k": r["k"],
                          **{m: {kk: r["scores"][m][kk] for kk in ("mean", "ci_low", "ci_high")}
-                            for m in ("precision", "recall", "f1", "accuracy", "roc_auc")}} for r in rows]}
+                            for m in METRICS}} for r in rows]}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     echo(f"[4/4] report: {index}  ({results['seconds']} s in all)")
     return results

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 from sklearn.base import clone
-from sklearn.metrics import (accuracy_score, confusion_matrix, f1_score, precision_score,
-                             recall_score, roc_auc_score, roc_curve)
+from sklearn.metrics import (accuracy_score, average_precision_score, confusion_matrix, f1_score,
+                             precision_score, recall_score, roc_auc_score, roc_curve)
 from sklearn.model_selection import StratifiedShuffleSplit
 
 __all__ = ["METRICS", "evaluate", "summarise"]
 
-METRICS = ("precision", "recall", "f1", "accuracy", "roc_auc")
+METRICS = ("precision", "recall", "f1", "accuracy", "roc_auc", "average_precision")
 
 
 def summarise(values) -> dict[str, Any]:
@@ -56,11 +56,14 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     Returns
     -------
     dict
-        ``scores[m]`` for ``m`` in precision, recall, f1, accuracy, roc_auc: ``mean``,
-        ``std``, ``ci_low``, ``ci_high``, ``n``, ``values``. Also ``confusion_matrix``
-        (summed over splits, rows = true [insufficient, sufficient]), ``roc`` (pooled test
-        scores for a curve) and ``repeats``. ``roc_auc`` is NaN for a split whose test set
-        holds one class.
+        ``scores[m]`` for ``m`` in :data:`METRICS`: ``mean``, ``std``, ``ci_low``,
+        ``ci_high``, ``n``, ``values``. Precision, recall, F1 and accuracy are those of the
+        classifier's decisions (``predict``); ``roc_auc`` and ``average_precision`` (the area
+        under the precision-recall curve of the sufficient class, scikit-learn's step-wise
+        :math:`\sum_n (R_n - R_{n-1}) P_n`) rank the test runs by ``predict_proba`` and do not
+        depend on the decision cut. Both are NaN for a split whose test set holds one class.
+        Also ``confusion_matrix`` (summed over splits, rows = true [insufficient,
+        sufficient]), ``roc`` (pooled test scores for a curve) and ``repeats``.
 
     Raises
     ------
@@ -99,6 +102,7 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
         values["accuracy"].append(accuracy_score(yt, pred))
         both = np.unique(yt).size == 2
         values["roc_auc"].append(roc_auc_score(yt == positive, proba) if both else float("nan"))
+        values["average_precision"].append(average_precision_score(yt == positive, proba) if both else float("nan"))
         cm += confusion_matrix(yt, pred, labels=order)
         pooled_true.append(yt == positive)
         pooled_score.append(proba)

@@ -101,8 +101,9 @@ def plot_layer_centrality(result, path: Path) -> None:
 
 
 def results_table(rows: Sequence[dict], markdown: bool = False) -> str:
-    """One line per (feature set, k): precision / recall / F1 / AUC, mean [95 % CI]."""
-    head = ["features", "k", "precision", "recall", "f1", "roc_auc"]
+    """One line per (feature set, k): precision / recall / F1 / AUC / average precision,
+    mean [95 % CI]."""
+    head = ["features", "k", "precision", "recall", "f1", "roc_auc", "average_precision"]
     lines = []
     for r in rows:
         cells = [r["features"], str(r["k"])]

@@ -7,6 +7,7 @@ import pytest
 import dtg_gpu
 from dtg_gpu import channel_topology
 from dtg_gpu.cli.main import SUBCOMMANDS, main
+from dtg_gpu.evaluation import METRICS
 from dtg_gpu.models import build_model
 from dtg_gpu.sweeps import SweepConfig, run_sweep
 
@@ -48,6 +49,9 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     assert len(rows) == 2 and re.search(r"P\(sufficient\)=\d\.\d{3}", rows[0])
     assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "3", "--device", "cpu"]) == 0
     assert "precision" in capsys.readouterr().out
+    assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert set(row) == {"features", "k", *METRICS} and len(row["average_precision"]["values"]) == 2
     # option beyond SPEC: log(lambda_1) per timestep; the predictor featurises new runs the same way
     assert main(["featurize", str(sweep), "--timesteps", "2", "--eigenvalue", "--out", str(csv), "--device", "cpu"]) == 0
     assert csv.read_text().splitlines()[0].endswith("kurtosis_t2,log_eigenvalue_t2")

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+from sklearn.model_selection import StratifiedShuffleSplit
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dtg_gpu
@@ -116,10 +118,16 @@ def test_save_load_round_trip(tmp_path):
 def test_evaluate_reports_intervals():
     X, y = _synthetic(n=100)
     scores = evaluate(PerformancePredictor(epochs=100), X, y, repeats=5, seed=0)
-    for m in ("precision", "recall", "f1", "accuracy", "roc_auc"):
+    for m in ("precision", "recall", "f1", "accuracy", "roc_auc", "average_precision"):
         s = scores[m]
         assert len(s["values"]) == 5 and s["ci_low"] <= s["mean"] <= s["ci_high"]
     assert scores["precision"]["mean"] > 0.75 and scores["roc_auc"]["mean"] > 0.85
+    # the threshold-free scores are scikit-learn's on the same split and the same fit
+    sss = StratifiedShuffleSplit(n_splits=1, test_size=0.1, random_state=3)
+    train, test = next(sss.split(X, y))
+    p = PerformancePredictor(epochs=100, random_state=3).fit(X[train], y[train]).predict_proba(X[test])[:, 1]
+    assert scores["average_precision"]["values"][3] == pytest.approx(average_precision_score(y[test], p))
+    assert scores["roc_auc"]["values"][3] == pytest.approx(roc_auc_score(y[test], p))
     assert np.sum(scores["confusion_matrix"]) == 5 * 10
     with pytest.raises(ValueError, match="only 1 run"):
         evaluate(PerformancePredictor(), X[:11], np.array([1] + [0] * 10))

@@ -247,6 +247,7 @@ def _evaluate_args(p):
 
 
 def _evaluate_run(a) -> int:
+    from ..evaluation import METRICS
     from ..predictor import PerformancePredictor
     from ..report import results_table
     from ..sweeps import load_sweep
@@ -258,7 +259,7 @@ def _evaluate_run(a) -> int:
                    clf=PerformancePredictor(scaling=a.scaling))
     if a.json:
         print(json.dumps([{"features": r["features"], "k": r["k"],
-                           **{m: r["scores"][m] for m in ("precision", "recall", "f1", "accuracy", "roc_auc")}}
+                           **{m: r["scores"][m] for m in METRICS}}
                           for r in rows], indent=2))
     else:
         print(results_table(rows))
