@@ -18,7 +18,12 @@ has the higher AUC. This script asks why, on the same sweeps, with the median la
    precision, and the precision each reaches at the recall that weight statistics reach at
    the 0.5 cut (read off the test scores pooled over all splits).
 
+``--part selection`` instead evaluates the predictor's ``select`` option (beyond SPEC: the MLP
+sees only the m features with the largest ANOVA F in the training split) on the main feature
+sets for every m of SELECT_GRID, and with m chosen inside each training split (``--nested``).
+
 Usage: python benchmarks/bench_prediction_why.py [--work DIR] [--repeats 100] [--jobs 2] [--only lenet5]
+       python benchmarks/bench_prediction_why.py --part selection [--nested lenet5]
 The sweeps are bench_prediction.py's (trained into ``--work`` if missing; complete runs are reused).
 """
 
@@ -52,6 +57,7 @@ from dtg_gpu.workflow import feature_sets, featurize_sweep  # noqa: E402
 
 WS_NAMES = ("mean", "std", "q0", "q25", "q50", "q75", "q100")
 SCALINGS = ("standard", "quantile")
+SELECT_GRID = (3, 5, 10, 20, None)
 
 
 def _seven(x: torch.Tensor) -> list[float]:
@@ -104,10 +110,20 @@ def signed_node_statistics(runs, k: int, alpha: float) -> dict[str, np.ndarray]:
     return {side: temporal_features(torch.stack(v), alpha).numpy() for side, v in feats.items()}
 
 
+def _clf(scaling: str, select):
+    """The predictor of a row: ``select`` an int, None, or ``"cv"`` (chosen in each training
+    split by 5-fold cross-validated average precision among SELECT_GRID)."""
+    if select != "cv":
+        return PerformancePredictor(scaling=scaling, select=select)
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+    return GridSearchCV(PerformancePredictor(scaling=scaling, random_state=0), {"select": list(SELECT_GRID)},
+                        scoring="average_precision", cv=StratifiedKFold(5, shuffle=True, random_state=0))
+
+
 def _job(args):
-    label, X, y, scaling, repeats = args
+    label, X, y, scaling, repeats, *select = args
     torch.set_num_threads(1)
-    s = evaluate(PerformancePredictor(scaling=scaling), X, y, repeats=repeats)
+    s = evaluate(_clf(scaling, select[0] if select else None), X, y, repeats=repeats)
     cm = np.asarray(s["confusion_matrix"])
     keep = {m: {q: s[m][q] for q in ("mean", "ci_low", "ci_high")}
             for m in ("precision", "recall", "roc_auc", "average_precision")}
@@ -197,6 +213,44 @@ def study(name: str, runs, repeats: int, pool) -> dict:
             "weight_stats_recall": target, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
 
 
+def selection_study(name: str, runs, repeats: int, pool, nested: bool) -> dict:
+    """The predictor's ``select`` option (beyond SPEC) on the main feature sets: every ``m`` of
+    SELECT_GRID, and (``nested``) ``m`` chosen inside each training split."""
+    sf = featurize_sweep(runs, alpha=0.5)
+    k = max(1, sf.timesteps // 4)
+    y = label_runs(sf.accuracies, "median")
+    sets = feature_sets(sf, k, ["dtg", "dtg_per_layer", "weight_stats", "spectral"])
+    plan = [("dtg", "quantile"), ("dtg_per_layer", "quantile"), ("dtg_per_layer", "standard"),
+            ("weight_stats", "standard"), ("weight_stats", "quantile"), ("spectral", "quantile")]
+    jobs = [(fs, sets[fs], y, sc, repeats, m) for fs, sc in plan for m in SELECT_GRID]
+    if nested:
+        jobs += [(fs, sets[fs], y, sc, repeats, "cv") for fs, sc in (("dtg_per_layer", "quantile"),
+                                                                      ("weight_stats", "standard"))]
+    t0 = time.perf_counter()
+    done = run_jobs(pool, jobs)
+    rows = [{**_row("selection", *d[:4]), "select": "all" if j[5] is None else j[5]} for j, d in zip(jobs, done)]
+    return {"k": k, "timesteps": sf.timesteps, "runs": len(runs), "seconds": round(time.perf_counter() - t0, 1),
+            "rows": rows}
+
+
+def selection_markdown(results: dict) -> str:
+    lines = [f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits shared "
+             "by every row; mean [95 % CI]. `select`: the predictor keeps the m features with the largest "
+             "ANOVA F on the scaled training split (option beyond SPEC; `all` is SPEC). `cv`: m chosen in "
+             f"each training split among {list(SELECT_GRID)} by 5-fold cross-validated average precision "
+             "(scikit-learn `GridSearchCV`, MLP seed 0). Written by "
+             "`benchmarks/bench_prediction_why.py --part selection`.", ""]
+    for name, e in results["sweeps"].items():
+        lines += [f"## {name}, k = {e['k']} of {e['timesteps']}, {e['runs']} runs", "",
+                  "| features | scaling | select | precision | recall | AUC | average precision |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in e["rows"]:
+            lines.append("| " + " | ".join([r["features"], r["scaling"], str(r["select"])] + [
+                _cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _cell(s: dict) -> str:
     return f"{s['mean']:.3f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]"
 
@@ -241,6 +295,10 @@ def main(argv=None):
                    help="parallel evaluations, one CPU thread each")
     p.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: lenet5 vgg11n)")
     p.add_argument("--quick", action="store_true", help="one seed per configuration (32 runs a sweep)")
+    p.add_argument("--part", choices=("why", "selection"), default="why",
+                   help="why: the ablations; selection: the predictor's select option")
+    p.add_argument("--nested", nargs="*", default=["lenet5"],
+                   help="with --part selection: sweeps that also get select chosen inside each split")
     a = p.parse_args(argv)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats, "sweeps": {}}
     # spawn, not fork: the parent has already run torch's OpenMP threads
@@ -249,17 +307,21 @@ def main(argv=None):
             if a.only and name not in a.only:
                 continue
             runs = load_sweep(run_sweep(cfg, Path(a.work) / name, progress=False))
-            results["sweeps"][name] = e = study(name, runs, a.repeats, pool)
+            if a.part == "selection":
+                e = selection_study(name, runs, a.repeats, pool, name in a.nested)
+            else:
+                e = study(name, runs, a.repeats, pool)
+            results["sweeps"][name] = e
             print(f"{name}: {len(e['rows'])} rows in {e['seconds']} s", flush=True)
             for r in e["rows"]:
-                print(f"  {r['section']:<16} {r['features']:<42} {r['scaling']:<9} "
+                print(f"  {r['section']:<16} {r['features']:<42} {r['scaling']:<9} {r.get('select', '')} "
                       f"P={r['precision']['mean']:.3f} R={r['recall']['mean']:.3f} "
                       f"AUC={r['roc_auc']['mean']:.3f} AP={r['average_precision']['mean']:.3f}", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "prediction_why" + ("_quick" if a.quick else "")
+    stem = ("prediction_why" if a.part == "why" else "prediction_selection") + ("_quick" if a.quick else "")
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    (out / f"{stem}.md").write_text(markdown(results))
+    (out / f"{stem}.md").write_text(markdown(results) if a.part == "why" else selection_markdown(results))
     print(f"wrote {out / stem}.json and .md")
 
 

@@ -59,14 +59,22 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     assert len(csv.read_text().splitlines()[0].split(",")) == 2 + 30
     assert "classifier.7:kurtosis_t1" in csv.read_text().splitlines()[0]
     assert main(["train", str(sweep), "--timesteps", "2", "--eigenvalue", "--per-layer", "--out", str(pred),
-                 "--epochs", "20", "--scaling", "quantile", "--device", "cpu"]) == 0
-    assert dtg_gpu.PerformancePredictor.load(pred).scaling == "quantile"
+                 "--epochs", "20", "--scaling", "quantile", "--select", "4", "--device", "cpu"]) == 0
+    back = dtg_gpu.PerformancePredictor.load(pred)
+    assert back.scaling == "quantile" and back.select == 4 and back.selected_.size == 4
     capsys.readouterr()
     assert main(["predict", str(pred), str(sweep / "run-0002"), "--device", "cpu"]) == 0
     assert "P(sufficient)=" in capsys.readouterr().out
     assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--scaling", "quantile",
-                 "--device", "cpu"]) == 0
+                 "--select", "3", "--device", "cpu"]) == 0
     assert "precision" in capsys.readouterr().out
+
+
+def test_select_must_be_a_positive_integer(tmp_path, capsys):
+    for bad in ("0", "-2", "three"):
+        with pytest.raises(SystemExit) as e:
+            main(["evaluate", str(tmp_path), "--select", bad])
+        assert e.value.code == 2 and f"expected a positive integer, got '{bad}'" in capsys.readouterr().err
 
 
 def test_env_prints_versions(capsys):

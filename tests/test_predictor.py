@@ -10,7 +10,8 @@ from dtg_gpu import PerformancePredictor, evaluate, label_runs, split_runs
 
 
 @parametrize_with_checks([PerformancePredictor(epochs=60, random_state=0),
-                          PerformancePredictor(epochs=60, random_state=0, scaling="quantile")])
+                          PerformancePredictor(epochs=60, random_state=0, scaling="quantile"),
+                          PerformancePredictor(epochs=60, random_state=0, scaling="quantile", select=2)])
 def test_sklearn_estimator_contract(estimator, check):
     check(estimator)
 
@@ -86,6 +87,37 @@ def test_quantile_scaling_depends_on_ranks_only(tmp_path):
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
     with pytest.raises(ValueError, match="scaling must be one of"):
         PerformancePredictor(scaling="minmax").fit(X, y)
+
+
+@pytest.mark.parametrize("scaling", ["standard", "quantile"])
+def test_select_keeps_the_features_that_separate_the_classes(tmp_path, scaling):
+    from sklearn.feature_selection import f_classif
+
+    X, _ = _synthetic(n=120, d=40)
+    y = (X[:, 0] + X[:, 3] > 0).astype(int)   # the label depends on columns 0 and 3 only
+    X[:, 0] = np.exp(X[:, 0])                 # skewed, as centrality statistics are
+    X[:, 7] = 2.0                             # a constant column scores 0, not NaN
+    clf = PerformancePredictor(random_state=0, scaling=scaling, select=2).fit(X[:100], y[:100])
+    assert clf.selected_.tolist() == [0, 3] and clf.network_[0].in_features == 2
+    scaled = clf._scale_all(X[:100])
+    np.testing.assert_allclose(np.delete(clf.scores_, 7), np.delete(f_classif(scaled, y[:100])[0], 7))
+    assert clf.scores_[7] == 0
+    # the MLP sees the selected columns only: the other 38 cannot move a prediction
+    noisy = X.copy()
+    noisy[:, [c for c in range(40) if c not in (0, 3)]] = 1e6
+    np.testing.assert_array_equal(clf.predict_proba(noisy), clf.predict_proba(X))
+    assert clf.score(X[100:], y[100:]) >= 0.85
+    clf.save(tmp_path / "s.safetensors")
+    back = PerformancePredictor.load(tmp_path / "s.safetensors")
+    assert back.select == 2 and back.selected_.tolist() == [0, 3]
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    # select at or above the number of features is the SPEC behaviour, to the bit
+    np.testing.assert_array_equal(
+        PerformancePredictor(random_state=0, scaling=scaling, select=40).fit(X, y).predict_proba(X),
+        PerformancePredictor(random_state=0, scaling=scaling).fit(X, y).predict_proba(X))
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="select must be None or a positive integer"):
+            PerformancePredictor(select=bad).fit(X, y)
 
 
 def test_diverged_rows_are_insufficient_and_never_reach_the_mlp():

@@ -183,6 +183,19 @@ def _scaling(p):
     p.add_argument("--scaling", choices=("standard", "quantile"), default="standard",
                    help="feature scaling before the MLP: standard (SPEC) or quantile (normal scores of "
                         "the training ranks; option beyond SPEC, for heavy-tailed features such as DTG's)")
+    p.add_argument("--select", type=_positive_int, default=None, metavar="M",
+                   help="train the MLP on the M features with the largest ANOVA F between the classes "
+                        "in the training split (option beyond SPEC; default: all features)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
 
 
 def _threshold(text: str):
@@ -199,7 +212,7 @@ def _train_run(a) -> int:
     runs = load_sweep(a.sweep)
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
     X, names, k = _sweep_features(a, runs)
-    clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, scaling=a.scaling, feature_settings={
+    clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, scaling=a.scaling, select=a.select, feature_settings={
         "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
         "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer)})
     clf.fit(X.double().numpy(), y)
@@ -256,7 +269,7 @@ def _evaluate_run(a) -> int:
     sf = featurize_sweep(load_sweep(a.sweep), alpha=a.alpha, device=a.device, progress=True)
     k = a.timesteps or sf.timesteps
     rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
-                   clf=PerformancePredictor(scaling=a.scaling))
+                   clf=PerformancePredictor(scaling=a.scaling, select=a.select))
     if a.json:
         print(json.dumps([{"features": r["features"], "k": r["k"],
                            **{m: r["scores"][m] for m in METRICS}}
