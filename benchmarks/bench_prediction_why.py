@@ -245,7 +245,7 @@ def selection_markdown(results: dict) -> str:
                   "| features | scaling | select | precision | recall | AUC | average precision |",
                   "|---|---|---|---|---|---|---|"]
         for r in e["rows"]:
-            lines.append("| " + " | ".join([r["features"], r["scaling"], str(r["select"])] + [
+            lines.append("| " + " | ".join([r["features"].replace("|", "\\|"), r["scaling"], str(r["select"])] + [
                 _cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")]) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -261,7 +261,7 @@ def markdown(results: dict) -> str:
              "`standard` (SPEC) or `quantile` (option). Written by `benchmarks/bench_prediction_why.py`.", ""]
     titles = {"layers": "Which layer: weight statistics of one layer, or of all layers but one",
               "statistics": "Which statistic of the most informative layer",
-              "sign": "What the graph keeps: statistics of w, of |w| and of the layer's edge weights",
+              "sign": "What the graph keeps: statistics of w, of \\|w\\| and of the layer's edge weights",
               "signed nodes": "Signed node attributes beside DTG (option beyond SPEC, not in the library)",
               "operating point": "Operating point: recall at the 0.5 cut, average precision, and precision "
                                  "at the recall weight statistics reach"}
@@ -277,7 +277,7 @@ def markdown(results: dict) -> str:
                       + (" precision at ws recall |" if extra else ""),
                       "|---|---|---|---|---|---|---|" + ("---|" if extra else "")]
             for r in rows:
-                cells = [r["features"], r["scaling"], str(r["dims"])] + [
+                cells = [r["features"].replace("|", "\\|"), r["scaling"], str(r["dims"])] + [
                     _cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")]
                 if extra:
                     cells.append(f"{r['precision_at_ws_recall']:.3f}")
