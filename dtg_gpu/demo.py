@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from .evaluation import METRICS
 from .analysis import analyze
+from .evaluation import METRICS
 from .report import results_table, write_report
 from .sweeps import SweepConfig, load_sweep, run_sweep
 from .workflow import compare, featurize_sweep

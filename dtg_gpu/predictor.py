@@ -234,7 +234,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         LeNet-5 sweep, k = 5: the signal sits in one convolution), and ``select=3``
         takes per-layer DTG with quantile scaling from precision / AUC 0.892 / 0.950 to
         0.949 / 0.965; ``m`` chosen by cross-validation inside each training split gives
-        0.913 / 0.950 (README, ``benchmarks/results/prediction_selection.md``).
+        0.913 / 0.950. Where the signal is spread over layers (the narrow VGG-11 sweep)
+        it hurts (README, ``benchmarks/results/prediction_selection.md``).
 
     Attributes
     ----------
