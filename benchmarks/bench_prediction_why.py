@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_prediction import sweeps  # noqa: E402
-from dtg_gpu.baselines import weight_statistics  # noqa: E402
+from dtg_gpu.baselines import tensor_statistics  # noqa: E402
 from dtg_gpu.evaluation import evaluate  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.graph import filter_norms  # noqa: E402
@@ -60,12 +60,6 @@ SCALINGS = ("standard", "quantile")
 SELECT_GRID = (3, 5, 10, 20, None)
 
 
-def _seven(x: torch.Tensor) -> list[float]:
-    """The weight statistics of one tensor, as baselines.weight_statistics computes them."""
-    x = x.reshape(-1)
-    return [float(x.mean()), float(x.std(unbiased=False))] + np.quantile(x.numpy(), [0, .25, .5, .75, 1]).tolist()
-
-
 def weight_tables(runs, k: int) -> dict[str, np.ndarray]:
     """Per run and layer at checkpoint ``k``: the seven weight statistics of ``w`` and ``|w|``
     ``[runs, L, 7]``; SPEC's five statistics of ``w``, of ``|w|``, of the layer's edge weights
@@ -76,8 +70,8 @@ def weight_tables(runs, k: int) -> dict[str, np.ndarray]:
         w = run.weights(k - 1)
         xs = [w[p].detach().double().reshape(-1) for p in run.topology.params]
         edges = [filter_norms(w[layer.param].detach().double()[None], layer)[0] for layer in run.topology.layers]
-        out["ws"].append([_seven(x) for x in xs])
-        out["ws_abs"].append([_seven(x.abs()) for x in xs])
+        out["ws"].append([tensor_statistics(x) for x in xs])
+        out["ws_abs"].append([tensor_statistics(x.abs()) for x in xs])
         out["five"].append([five(x) for x in xs])
         out["five_abs"].append([five(x.abs()) for x in xs])
         out["five_edges"].append([five(e) for e in edges])
@@ -138,10 +132,6 @@ def precision_at_recall(roc: dict, positives: int, negatives: int, recall: float
     return float(tp / (tp + fp)) if tp + fp > 0 else float("nan")
 
 
-def run_jobs(pool, jobs: list) -> list:
-    return list(pool.map(_job, jobs))
-
-
 def _row(section: str, label: str, scaling: str, dims: int, keep: dict) -> dict:
     return {"section": section, "features": label, "scaling": scaling, "dims": dims, **keep}
 
@@ -154,7 +144,6 @@ def study(name: str, runs, repeats: int, pool) -> dict:
     L = len(params)
     tab = weight_tables(runs, k)
     ws = tab["ws"].reshape(len(runs), -1)
-    assert np.allclose(ws, weight_statistics(runs, k), equal_nan=True), "weight statistics disagree"
     signed = signed_node_statistics(runs, k, sf.alpha)
     base = feature_sets(sf, k, ["dtg", "dtg_per_layer", "spectral", "learning_curve"])
     pl = base["dtg_per_layer"]
@@ -177,7 +166,7 @@ def study(name: str, runs, repeats: int, pool) -> dict:
             for sc in SCALINGS:
                 jobs.append((label, X, y, sc, repeats))
         sections[sec] = len(jobs)
-    done = run_jobs(pool, jobs)
+    done = list(pool.map(_job, jobs))
     bounds = [0] + list(sections.values())
     for (sec, _), lo, hi in zip(sections.items(), bounds[:-1], bounds[1:]):
         rows += [_row(sec, *d[:4]) for d in done[lo:hi]]
@@ -197,7 +186,7 @@ def study(name: str, runs, repeats: int, pool) -> dict:
                        (f"{best}: the five statistics of its log edge weights", "five_log_edges")):
         for sc in SCALINGS:
             jobs.append((label, tab[key][:, best_i], y, sc, repeats))
-    done = run_jobs(pool, jobs)
+    done = list(pool.map(_job, jobs))
     rows += [_row("statistics", *d[:4]) for d in done[:n_stat]]
     rows += [_row("sign", *d[:4]) for d in done[n_stat:]]
 
@@ -227,7 +216,7 @@ def selection_study(name: str, runs, repeats: int, pool, nested: bool) -> dict:
         jobs += [(fs, sets[fs], y, sc, repeats, "cv") for fs, sc in (("dtg_per_layer", "quantile"),
                                                                       ("weight_stats", "standard"))]
     t0 = time.perf_counter()
-    done = run_jobs(pool, jobs)
+    done = list(pool.map(_job, jobs))
     rows = [{**_row("selection", *d[:4]), "select": "all" if j[5] is None else j[5]} for j, d in zip(jobs, done)]
     return {"k": k, "timesteps": sf.timesteps, "runs": len(runs), "seconds": round(time.perf_counter() - t0, 1),
             "rows": rows}

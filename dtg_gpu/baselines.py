@@ -24,7 +24,7 @@ import torch
 from .checkpoints import Run
 from .exceptions import InsufficientCheckpointsError
 
-__all__ = ["weight_statistics", "spectral_alpha", "powerlaw_alpha", "powerlaw_fit", "layer_eigenvalues",
+__all__ = ["weight_statistics", "tensor_statistics", "spectral_alpha", "powerlaw_alpha", "powerlaw_fit", "layer_eigenvalues",
            "learning_curve", "BASELINES"]
 
 
@@ -36,22 +36,22 @@ def _check(runs: Sequence[Run], k: int) -> None:
             raise InsufficientCheckpointsError(f"timesteps={k} but run {r.name!r} has only {len(r)} checkpoints")
 
 
+def tensor_statistics(x: torch.Tensor) -> list[float]:
+    """Mean, std (``ddof=0``) and 0/25/50/75/100 % quantiles of one weight tensor; all NaN
+    when it holds a non-finite value."""
+    x = x.detach().double().reshape(-1)
+    if not torch.isfinite(x).all():
+        return [float("nan")] * 7
+    return [float(x.mean()), float(x.std(unbiased=False))] + np.quantile(x.numpy(), [0, .25, .5, .75, 1]).tolist()
+
+
 def weight_statistics(runs: Sequence[Run], timesteps: int) -> np.ndarray:
-    """``[runs, 7·layers]``: mean, std, 0/25/50/75/100 % quantiles per layer at checkpoint ``k``."""
+    """``[runs, 7·layers]``: :func:`tensor_statistics` of each layer at checkpoint ``k``."""
     _check(runs, timesteps)
     rows = []
-    q = [0.0, 0.25, 0.5, 0.75, 1.0]
     for run in runs:
         w = run.weights(timesteps - 1)
-        feats = []
-        for p in run.topology.params:
-            x = w[p].detach().double().reshape(-1)
-            if not torch.isfinite(x).all():
-                feats.extend([float("nan")] * 7)
-                continue
-            feats.extend([float(x.mean()), float(x.std(unbiased=False))])
-            feats.extend(np.quantile(x.numpy(), q).tolist())
-        rows.append(feats)
+        rows.append([v for p in run.topology.params for v in tensor_statistics(w[p])])
     return np.asarray(rows, dtype=float)
 
 

@@ -372,13 +372,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
         """What the MLP sees: the scaled selected features."""
-        sel = getattr(self, "selected_", None)
-        if sel is not None and sel.size < X.shape[1]:
-            X = X[:, sel]
-            if self.scaling == "quantile":
-                return quantile_normal(X, self.quantiles_[:, sel])
-            return (X - self.mean_[sel]) / self.scale_[sel]
-        return self._scale_all(X)
+        Z = self._scale_all(X)
+        return Z if self.selected_.size == Z.shape[1] else Z[:, self.selected_]
 
     # --------------------------------------------------------------- prediction
     def predict_proba(self, X) -> np.ndarray:
