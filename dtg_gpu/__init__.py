@@ -11,6 +11,7 @@ from .centrality import EigenResult, eigenvector_centrality, solve_perron
 from .checkpoints import Run, load_state_dict
 from .exceptions import (CheckpointError, ConvergenceWarning, DatasetNotFoundError,
                          DisconnectedGraphWarning, DTGError, DTGWarning,
+                         FailedRunsWarning,
                          InsufficientCheckpointsError, NonFiniteWeightsWarning,
                          TopologyError, TracingFallbackWarning, UnsafeCheckpointError)
 from .evaluation import evaluate
@@ -27,7 +28,7 @@ __all__ = [
     "EigenResult", "eigenvector_centrality", "solve_perron",
     "Run", "load_state_dict",
     "CheckpointError", "ConvergenceWarning", "DatasetNotFoundError", "DisconnectedGraphWarning",
-    "DTGError", "DTGWarning", "InsufficientCheckpointsError", "NonFiniteWeightsWarning",
+    "DTGError", "DTGWarning", "FailedRunsWarning", "InsufficientCheckpointsError", "NonFiniteWeightsWarning",
     "TopologyError", "TracingFallbackWarning", "UnsafeCheckpointError",
     "evaluate", "PerformancePredictor", "label_runs", "split_runs",
     "temporal_features", "temporal_reinforcement",

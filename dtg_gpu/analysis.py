@@ -2,6 +2,7 @@ r"""``analyze`` one run and ``featurize`` many: the public face of steps 2–4."
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -9,8 +10,8 @@ import torch
 
 from .centrality import Method, attainable_tol
 from .checkpoints import Run
-from .engine import resolve_device, solve_timesteps, load_blocks
-from .exceptions import InsufficientCheckpointsError
+from .engine import READ_ERRORS, load_blocks, resolve_device, solve_timesteps
+from .exceptions import CheckpointError, FailedRunsWarning, InsufficientCheckpointsError
 from .features import check_alpha, temporal_features
 from .graph import to_networkx as _to_networkx, to_pyg
 from .statistics import STATISTICS, layer_node_groups, layer_statistics, timestep_statistics
@@ -165,6 +166,9 @@ def analyze(run: Run, alpha: float = 0.5, device: str | torch.device | None = No
     topo = run.topology
     out = solve_timesteps([(run, t) for t in range(len(run))], topo, device=dev, dtype=dtype,
                           tol=tol, max_iter=max_iter, method=method, chunk_size=chunk_size)
+    first = next((e for e in out.error if e is not None), None)
+    if first is not None:
+        raise CheckpointError(first)
     stats = timestep_statistics(out.centrality)
     return AnalysisResult(
         run=run, topology=topo, centrality=out.centrality, eigenvalue=out.eigenvalue,
@@ -179,7 +183,8 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
               device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
               tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
               chunk_size: int | None = None, progress: bool = False,
-              return_stats: bool = False, eigenvalue: bool = False, per_layer: bool = False):
+              return_stats: bool = False, eigenvalue: bool = False, per_layer: bool = False,
+              strict: bool = False):
     r"""Temporal features of many runs: ``[len(runs), 5·k]``.
 
     Runs that share an architecture are solved together, ``runs·k`` graphs per batch
@@ -201,22 +206,25 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
         **Option beyond SPEC.** After the five statistics of the whole centrality vector,
         the five statistics of each layer's nodes (layers of at least 3 nodes, in node
         order; see :func:`~dtg_gpu.statistics.layer_node_groups`): ``F = 5 + 5·L``. One
-        global summary of a few hundred nodes hides which layer moved: on the digits
-        LeNet-5 sweep the first 25 % of checkpoints predict with precision 0.97 instead of
-        0.78; on a narrow VGG-11 there is no gain (``benchmarks/results/prediction.md``).
-        Every run must then have the same number of such layers.
+        global summary of a few hundred nodes hides which layer moved
+        (``benchmarks/results/prediction.md`` measures it). Every run must then have the
+        same number of such layers.
     eigenvalue : bool, default False
         **Option beyond SPEC.** Append :math:`\log\lambda_1` (the Perron eigenvalue of the
         graph) as the last per-timestep statistic, smoothed like the others (``F + 1``).
         The unit-norm centrality is blind to the scale of the weights (``cA`` has the
-        eigenvector of ``A``); :math:`\lambda_1` carries it. Measured on the digits
-        sweeps it adds little alone and a little on top of ``per_layer``
-        (``benchmarks/results/prediction.md``).
+        eigenvector of ``A``); :math:`\lambda_1` carries it.
+    strict : bool, default False
+        ``False``: a run whose model cannot be traced or one of whose first ``k`` checkpoints
+        cannot be read gets a NaN row, and one :class:`~dtg_gpu.exceptions.FailedRunsWarning`
+        names every such run with its file and cause (``warning.failures``); the rest of the
+        sweep is computed. ``True``: the first such error is raised.
 
     Returns
     -------
     Tensor ``[len(runs), 5·k]`` (and the statistics with ``return_stats``). A run with
-    non-finite weights in its first ``k`` checkpoints has NaN features from that timestep on.
+    non-finite weights in its first ``k`` checkpoints has NaN features from that timestep
+    on; a run that failed (see ``strict``) has a NaN row.
 
     Raises
     ------
@@ -224,7 +232,35 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
         No runs, ``alpha`` outside (0, 1], ``timesteps < 1``.
     InsufficientCheckpointsError
         A run has fewer than ``k`` checkpoints (the message names it).
+    CheckpointError, TopologyError
+        With ``strict=True``, a run that cannot be read.
     """
+    feats, stats, failures = featurize_with_failures(
+        runs, timesteps=timesteps, alpha=alpha, device=device, dtype=dtype, tol=tol,
+        max_iter=max_iter, method=method, chunk_size=chunk_size, progress=progress,
+        eigenvalue=eigenvalue, per_layer=per_layer, strict=strict)
+    warn_failures(failures, stacklevel=3)
+    return (feats, stats) if return_stats else feats
+
+
+def warn_failures(failures: dict[str, str], stacklevel: int = 2) -> None:
+    """One :class:`FailedRunsWarning` naming every failed run (nothing when there is none)."""
+    if failures:
+        lines = "; ".join(f"{name}: {why}" for name, why in list(failures.items())[:8])
+        more = f" (and {len(failures) - 8} more)" if len(failures) > 8 else ""
+        warnings.warn(FailedRunsWarning(
+            f"{len(failures)} run(s) could not be read or solved and were left out (NaN rows): "
+            f"{lines}{more}", failures), stacklevel=stacklevel + 1)
+
+
+def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None,
+                            alpha: float = 0.5, device=None, dtype: torch.dtype = torch.float32,
+                            tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
+                            chunk_size: int | None = None, progress: bool = False,
+                            eigenvalue: bool = False, per_layer: bool = False,
+                            strict: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
+    """:func:`featurize`'s work: ``(features, statistics, failures)`` where ``failures`` maps
+    the name of each run that could not be read or traced to the reason (its row is NaN)."""
     runs = list(runs)
     if not runs:
         raise ValueError("featurize needs at least one run; the sweep is empty")
@@ -232,7 +268,7 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
     _check_common(tol, max_iter, method)
     shortest = min(runs, key=len)
     k = len(shortest) if timesteps is None else timesteps
-    if not isinstance(k, int) or k < 1:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"timesteps must be a positive integer, got {timesteps!r}")
     short = [r for r in runs if len(r) < k]
     if short:
@@ -240,10 +276,19 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
             f"timesteps={k} but run {short[0].name!r} has only {len(short[0])} checkpoints"
             + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else ""))
     dev = resolve_device(device)
+    failures: dict[str, str] = {}
+    failed_rows: list[int] = []
     groups: dict[int, list[int]] = {}
     topos: dict[int, ChannelTopology] = {}
     for i, run in enumerate(runs):
-        topo = run.topology
+        try:
+            topo = run.topology
+        except READ_ERRORS as exc:
+            if strict:
+                raise
+            failures[_unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
+            failed_rows.append(i)
+            continue
         groups.setdefault(id(topo), []).append(i)
         topos[id(topo)] = topo
     layer_groups = {key: [idx for _, idx in layer_node_groups(t)] for key, t in topos.items()} if per_layer else {}
@@ -251,7 +296,7 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
     if len(widths) > 1:
         raise ValueError(f"per_layer=True needs runs with the same number of layers of >= 3 nodes; got {sorted(widths)}")
     width = 5 + 5 * (widths.pop() if widths else 0) + int(eigenvalue)
-    stats = torch.empty(len(runs), k, width, dtype=dtype)
+    stats = torch.full((len(runs), k, width), float("nan"), dtype=dtype)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -262,14 +307,30 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
             out = solve_timesteps(items, topos[key], device=dev, dtype=dtype, tol=tol,
                                   max_iter=max_iter, method=method, chunk_size=chunk_size,
                                   progress=bar)
-            stats[idx, :, :5] = timestep_statistics(out.centrality).reshape(len(idx), k, 5)
-            if per_layer:
-                per = layer_statistics(out.centrality, layer_groups[key])
-                stats[idx, :, 5:5 + per.shape[1]] = per.to(dtype).reshape(len(idx), k, -1)
-            if eigenvalue:
-                stats[idx, :, -1] = out.eigenvalue.to(dtype).log().reshape(len(idx), k)
+            st = timestep_statistics(out.centrality).reshape(len(idx), k, 5)
+            per = (layer_statistics(out.centrality, layer_groups[key]).to(dtype).reshape(len(idx), k, -1)
+                   if per_layer else None)
+            lam = out.eigenvalue.to(dtype).log().reshape(len(idx), k) if eigenvalue else None
+            stats[idx, :, :5] = st
+            if per is not None:
+                stats[idx, :, 5:5 + per.shape[-1]] = per
+            if lam is not None:
+                stats[idx, :, -1] = lam
+            for j, i in enumerate(idx):
+                why = next((e for e in out.error[j * k:(j + 1) * k] if e is not None), None)
+                if why is not None:
+                    if strict:
+                        raise CheckpointError(why)
+                    failures[_unique_name(runs[i], i, failures)] = why
+                    failed_rows.append(i)
     finally:
         if bar is not None:
             bar.close()
-    feats = temporal_features(stats, alpha)
-    return (feats, stats) if return_stats else feats
+    if failed_rows:
+        stats[failed_rows] = float("nan")
+    return temporal_features(stats, alpha), stats, failures
+
+
+def _unique_name(run: Run, i: int, taken: dict) -> str:
+    name = str(run.name)
+    return name if name not in taken else f"{name} (run {i})"

@@ -80,6 +80,13 @@ def _sign_fix(x: torch.Tensor) -> torch.Tensor:
 
 
 def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
+    """Explicitly restarted Lanczos, batched over graphs, each stopped on its own residual.
+
+    Every restart begins with a product that gives the restart vector's true relative
+    residual; a graph is done when it is ``<= tol``. A graph whose Ritz step fails on its
+    numbers (see :func:`_ritz`) stops iterating with its last restart vector and its true
+    residual, never ``converged`` unless that residual is ``<= tol``.
+    """
     g_count, n = mask.shape
     dtype, device = matvec.dtype, mask.device
     eps = torch.finfo(dtype).eps
@@ -90,6 +97,7 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
     res_out = torch.full((g_count,), float("inf"), dtype=dtype, device=device)
     it_out = torch.zeros(g_count, dtype=torch.long, device=device)
     done = torch.zeros(g_count, dtype=torch.bool, device=device)
+    failed = torch.zeros(g_count, dtype=torch.bool, device=device)
     used = 0
     while used < max_iter:
         m = max(1, min(ncv, n, max_iter - used))
@@ -105,12 +113,12 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
             a = _dot(basis[:, j], w)
             if j == 0:  # true residual of the restart vector, with this product for free
                 lam, rel = _rel_residual(v, w)
-                newly = ~done & (rel <= tol)
+                newly = ~done & ~failed & (rel <= tol)
                 x_out[newly], lam_out[newly], it_out[newly] = v[newly], lam[newly], used
                 res_out = torch.where(done, res_out, rel)
                 done |= newly
-                if bool(done.all()):
-                    return EigenResult(x_out, lam_out, res_out, it_out, done)
+                if bool((done | failed).all()):
+                    break
             w = w - a[:, None] * basis[:, j]
             if j:
                 w = w - beta[:, j - 1, None] * basis[:, j - 1]
@@ -122,27 +130,35 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
             b = torch.linalg.vector_norm(w, dim=-1)
             beta[:, j] = b
             scale = torch.maximum(scale, torch.maximum(a.abs(), b))
-            broke = b <= 64 * eps * scale
+            broke = ~(b > 64 * eps * scale)   # NaN counts as a breakdown
             if j + 1 < m:
                 basis[:, j + 1] = torch.where(broke[:, None], torch.zeros_like(w),
                                               w / torch.where(broke, torch.ones_like(b), b)[:, None])
             if j + 1 < m and (j + 1) % check_every == 0:
-                theta, s = _ritz(alpha[:, : j + 1], beta[:, : j + 1])
+                theta, s, ok = _ritz(alpha[:, : j + 1], beta[:, : j + 1])
                 est = (b * s[:, -1]).abs() / theta.abs().clamp_min(torch.finfo(dtype).tiny)
-                if bool((done | broke | (est <= 0.25 * tol)).all()):
+                if bool((done | failed | ~ok | broke | (est <= 0.25 * tol)).all()):
                     k = j + 1
                     break
-        theta, s = _ritz(alpha[:, :k], beta[:, :k])
+        else:
+            j = -1
+        if j == 0 and bool((done | failed).all()):
+            break
+        theta, s, ok = _ritz(alpha[:, :k], beta[:, :k])
+        failed |= ~ok & ~done
         y = torch.einsum("gk,gkn->gn", s, basis[:, :k])
         ny = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
-        keep_start = (theta.abs() <= torch.finfo(dtype).tiny) | (ny.squeeze(-1) == 0)
+        keep_start = ~ok | (theta.abs() <= torch.finfo(dtype).tiny) | (ny.squeeze(-1) == 0)
         v = torch.where(keep_start[:, None], basis[:, 0], y / ny.clamp_min(torch.finfo(dtype).tiny))
         v = _sign_fix(v)
-    # budget spent: report the last Ritz vectors of unconverged graphs with a true residual
-    lam, rel = _rel_residual(v, matvec(v))
+    # budget spent (or Ritz steps failed): report the last restart vectors of the graphs not
+    # done, with a true residual
     rest = ~done
-    x_out[rest], lam_out[rest], res_out[rest], it_out[rest] = v[rest], lam[rest], rel[rest], used
-    return EigenResult(x_out, lam_out, res_out, it_out, done | (rel <= tol))
+    if bool(rest.any()):
+        lam, rel = _rel_residual(v, matvec(v))
+        x_out[rest], lam_out[rest], res_out[rest], it_out[rest] = v[rest], lam[rest], rel[rest], used
+        done = done | (rest & (rel <= tol))
+    return EigenResult(x_out, lam_out, res_out, it_out, done)
 
 
 def _lanczos_bipartite(square, tol, max_iter, ncv) -> EigenResult:
@@ -162,30 +178,55 @@ def _lanczos_bipartite(square, tol, max_iter, ncv) -> EigenResult:
     return EigenResult(x, lam, residual, res.iterations + 1, res.converged)
 
 
-def _ritz(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _ritz(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Largest eigenpair of each tridiagonal ``T = tridiag(beta, alpha, beta)``, in float64.
 
     Eigenvalues by ``eigvalsh``, the top eigenvector by three steps of inverse iteration
     (LU with pivoting is stable for it). ``eigh`` would do both, but LAPACK's
-    divide-and-conquer takes over above 25 × 25: a batch of 1,920 tridiagonals took 1.0 s
-    at size 26 and 1.3 s at size 32, against 70 ms at size 25 (2 CPU cores); this path
-    took 0.21 s and 0.25–0.30 s.
+    divide-and-conquer takes over above 25 × 25 and was 4–15× slower on batches of
+    thousands of small tridiagonals.
+
+    Never raises on the numbers: a tridiagonal with a non-finite entry, one on which
+    ``eigvalsh`` fails, or whose inverse iteration breaks down is reported in ``ok``
+    (``False``) with a NaN Ritz value, and the other graphs are unaffected.
+
+    Returns
+    -------
+    theta : Tensor ``[G]``, s : Tensor ``[G, k]``, ok : BoolTensor ``[G]``
     """
     a, b = alpha.double(), beta.double()
-    k = a.shape[1]
+    g_count, k = a.shape
+    ok = torch.isfinite(a).all(1) & torch.isfinite(b).all(1)
+    a = torch.where(ok[:, None], a, torch.zeros_like(a))
+    b = torch.where(ok[:, None], b, torch.zeros_like(b))
     t = torch.diag_embed(a)
     if k > 1:
         off = torch.diag_embed(b[:, :-1], offset=1)
         t = t + off + off.transpose(1, 2)
-    theta = torch.linalg.eigvalsh(t)[:, -1]
+    try:
+        theta = torch.linalg.eigvalsh(t)[:, -1]
+    except RuntimeError:  # one bad batch element fails the whole call: redo them one by one
+        theta = torch.full((g_count,), float("nan"), dtype=t.dtype, device=t.device)
+        for g in range(g_count):
+            try:
+                theta[g] = torch.linalg.eigvalsh(t[g])[-1]
+            except RuntimeError:
+                ok[g] = False
+    ok &= torch.isfinite(theta)
+    theta = torch.where(ok, theta, torch.zeros_like(theta))
     scale = t.abs().amax((1, 2))
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     shifted = t - (theta + 1e-10 * scale)[:, None, None] * torch.eye(k, dtype=t.dtype, device=t.device)
-    z = torch.ones(a.shape[0], k, 1, dtype=t.dtype, device=t.device)
+    z = torch.ones(g_count, k, 1, dtype=t.dtype, device=t.device)
     for _ in range(3):
-        z = torch.linalg.solve(shifted, z)
+        z, info = torch.linalg.solve_ex(shifted, z)
+        ok &= info == 0
         z = z / torch.linalg.vector_norm(z, dim=1, keepdim=True)
-    return theta.to(alpha.dtype), z.squeeze(-1).to(alpha.dtype)
+    z = z.squeeze(-1)
+    ok &= torch.isfinite(z).all(1)
+    nan = torch.full_like(theta, float("nan"))
+    return (torch.where(ok, theta, nan).to(alpha.dtype),
+            torch.where(ok[:, None], z, torch.zeros_like(z)).to(alpha.dtype), ok)
 
 
 def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
@@ -196,8 +237,13 @@ def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
     x_out = x.clone()
     it_out = torch.full((g_count,), max_iter, dtype=torch.long, device=device)
     done = torch.zeros(g_count, dtype=torch.bool, device=device)
+    # the operator may be A / s (see scaled_blocks): (A + I) x ∝ (A/s) x + x/s ∝ s (A/s) x + x,
+    # the same step; whichever form keeps both coefficients <= 1 cannot overflow
+    s = _operator_scale(matvec, g_count, device)
+    c_ax = s.clamp_max(1.0).to(dtype)[:, None]
+    c_x = s.reciprocal().clamp_max(1.0).to(dtype)[:, None]
     for it in range(1, max_iter + 1):
-        y = x + matvec(x)
+        y = c_ax * matvec(x) + c_x * x
         norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
         y = y / torch.where(norm == 0, torch.ones_like(norm), norm)
         newly = ~done & ((y - x).abs().sum(-1) < sizes * tol)
@@ -209,6 +255,14 @@ def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
     x_out = torch.where(done[:, None], x_out, x)
     lam, rel = _rel_residual(x_out, matvec(x_out))
     return EigenResult(x_out, lam, rel, it_out, done)
+
+
+def _operator_scale(matvec, g_count: int, device) -> torch.Tensor:
+    """``[G]`` float64: the operator applies ``A / scale`` (``matvec.scale``), else ones."""
+    scale = getattr(matvec, "scale", None)
+    if scale is None:
+        return torch.ones(g_count, dtype=torch.float64, device=device)
+    return scale.to(device=device, dtype=torch.float64)
 
 
 TOL_FLOOR_EPS = 32
@@ -233,7 +287,9 @@ def solve_perron(matvec: Callable[[torch.Tensor], torch.Tensor], mask: torch.Ten
     ----------
     matvec : callable ``[G, N] → [G, N]``
         Applies each graph's adjacency to its row; must expose ``.dtype``. Padding columns
-        (``mask`` False) must map to zero.
+        (``mask`` False) must map to zero. An optional ``.scale`` (``[G]``) says that the
+        operator applies ``A / scale``: eigenvalues are reported in the units of ``A`` and
+        ``method="networkx"`` iterates with ``A + I`` exactly (as ``A/s + I/s``).
     mask : BoolTensor ``[G, N]``
         Which columns are nodes of each graph (graphs of different sizes are padded).
     tol : float, default 1e-6
@@ -276,13 +332,16 @@ def solve_perron(matvec: Callable[[torch.Tensor], torch.Tensor], mask: torch.Ten
     else:
         raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
     res.vector = _sign_fix(res.vector)
+    scale = _operator_scale(matvec, mask.shape[0], mask.device)
+    res.eigenvalue = (res.eigenvalue.double() * scale).to(res.eigenvalue.dtype)
     return res
 
 
 class _SparseBatchOperator:
     """Adjacency of a batch of PyG graphs as one CSR matrix over padded node slots."""
 
-    def __init__(self, rows, cols, weight, size, dtype):
+    def __init__(self, rows, cols, weight, size, dtype, scale=None):
+        self.scale = scale
         with warnings.catch_warnings():  # torch's "sparse CSR is beta" notices
             warnings.simplefilter("ignore", UserWarning)
             coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), weight.to(dtype), (size, size))
@@ -364,11 +423,16 @@ def eigenvector_centrality(edge_index: torch.Tensor, edge_weight: torch.Tensor |
         raise ValueError("the graph has no nodes: centrality is undefined")
     if e and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
         raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
+    if not edge_weight.is_floating_point():
+        edge_weight = edge_weight.to(dtype)
     if bool((edge_weight < 0).any()) or not bool(torch.isfinite(edge_weight).all()):
         raise ValueError("edge_weight must be finite and non-negative")
-    ei, ew = coalesce(edge_index.long(), edge_weight.to(dtype), num_nodes=num_nodes, reduce="sum")
+    wide = torch.promote_types(edge_weight.dtype, dtype)
+    ei, ew = coalesce(edge_index.long(), edge_weight.to(wide), num_nodes=num_nodes, reduce="sum")
+    if not bool(torch.isfinite(ew).all()):   # parallel entries summed past float32's range
+        ei, ew = coalesce(edge_index.long(), edge_weight.double(), num_nodes=num_nodes, reduce="sum")
     et, wt = coalesce(ei.flip(0), ew, num_nodes=num_nodes, reduce="sum")
-    if not (torch.equal(ei, et) and torch.allclose(ew, wt)):
+    if not (torch.equal(ei, et) and torch.allclose(ew, wt, rtol=1e-5, atol=0.0)):
         raise ValueError("the adjacency is not symmetric: list both directions of every "
                          "undirected edge (torch_geometric.utils.to_undirected)")
     if batch is None:
@@ -387,7 +451,18 @@ def eigenvector_centrality(edge_index: torch.Tensor, edge_weight: torch.Tensor |
     ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     width = int(counts.max())
     slot = batch * width + (torch.arange(num_nodes, device=device) - ptr[batch])
-    op = _SparseBatchOperator(slot[ei[0]], slot[ei[1]], ew, num_graphs * width, dtype)
+    # each graph divided by the power of two above its largest weight: exact, and no
+    # product can overflow or underflow whatever the weights' scale (centrality is scale-free)
+    peak = torch.zeros(num_graphs, dtype=torch.float64, device=device)
+    if e:
+        peak = peak.scatter_reduce(0, batch[ei[0]], ew.double(), reduce="amax")
+    exponent = torch.frexp(peak).exponent
+    scale = torch.ldexp(torch.ones_like(peak), exponent)
+    inv = torch.ldexp(torch.ones_like(peak), -exponent)
+    if ew.dtype != torch.float64 and bool((exponent.abs() > 100).any()):
+        ew = ew.double()
+    ew = (ew * inv.to(ew.dtype)[batch[ei[0]]]).to(dtype)
+    op = _SparseBatchOperator(slot[ei[0]], slot[ei[1]], ew, num_graphs * width, dtype, scale)
     mask = torch.arange(width, device=device)[None, :] < counts[:, None]
     res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
     return res.vector.reshape(-1)[slot], res

@@ -11,7 +11,7 @@ from pathlib import Path
 from .analysis import analyze
 from .evaluation import METRICS
 from .report import results_table, write_report
-from .sweeps import SweepConfig, load_sweep, run_sweep
+from .sweeps import SweepConfig, atomic_write, load_sweep, run_sweep
 from .workflow import compare, featurize_sweep
 
 __all__ = ["demo_config", "run_demo"]
@@ -31,16 +31,21 @@ def demo_config(quick: bool = False) -> SweepConfig:
 
 
 def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, progress: bool = True,
-             repeats: int | None = None, echo=print) -> dict:
-    """Run the demo into ``out``; returns the results (also written to ``out/results.json``)."""
+             repeats: int | None = None, echo=print, strict: bool = False) -> dict:
+    """Run the demo into ``out``; returns the results (also written to ``out/results.json``).
+
+    It finishes on any sweep: runs that cannot be read or solved are named, left out of the
+    scores and listed in the report (``strict=True`` stops at the first instead)."""
     out = Path(out)
     started = time.time()
     cfg = demo_config(quick)
     echo(f"[1/4] training {len(cfg.grid())} LeNet-5 runs on digits into {out / 'sweep'}")
     run_sweep(cfg, out / "sweep", device=device, progress=progress)
-    runs = load_sweep(out / "sweep")
+    runs = load_sweep(out / "sweep", strict=strict)
     echo(f"[2/4] eigenvector centrality of {sum(len(r) for r in runs)} checkpoint graphs")
-    sf = featurize_sweep(runs, alpha=0.5, device=device, progress=progress)
+    sf = featurize_sweep(runs, alpha=0.5, device=device, progress=progress, strict=strict)
+    if sf.failed:
+        echo(f"      {len(sf.failed)} run(s) left out (unreadable): {', '.join(sf.failed)}")
     t = sf.timesteps
     early = max(1, t // 4)
     ks = sorted({1, early, t} - {0})  # 5 feature sets x 3 k x 20 splits keeps the demo <= 10 min
@@ -54,13 +59,14 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, pro
     echo(results_table(headline_rows))
     echo("")
     head = next(r for r in rows if r["features"] == "dtg" and r["k"] == early)
-    example = analyze(runs[len(runs) // 2], device=device)
+    usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
+    example = analyze(usable[len(usable) // 2], device=device) if usable else None
     index = write_report(out / "report", sf, rows, example, head,
                          title="dtg_gpu demo: LeNet-5 on digits")
-    results = {"runs": len(runs), "timesteps": t, "early_k": early, "seconds": round(time.time() - started, 1),
+    results = {"runs": len(runs), "failed_runs": sf.failed, "timesteps": t, "early_k": early, "seconds": round(time.time() - started, 1),
                "rows": [{"features": r["features"], "k": r["k"],
                          **{m: {kk: r["scores"][m][kk] for kk in ("mean", "ci_low", "ci_high")}
                             for m in METRICS}} for r in rows]}
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    atomic_write(out / "results.json", json.dumps(results, indent=2))
     echo(f"[4/4] report: {index}  ({results['seconds']} s in all)")
     return results

@@ -10,18 +10,19 @@ from __future__ import annotations
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from .centrality import Method, solve_perron
 from .checkpoints import Run
-from .exceptions import ConvergenceWarning, DisconnectedGraphWarning, NonFiniteWeightsWarning
-from .graph import BlockOperator, filter_norms
+from .exceptions import (CheckpointError, ConvergenceWarning, DisconnectedGraphWarning,
+                         NonFiniteWeightsWarning, TopologyError)
+from .graph import BlockOperator, wide_filter_norms
 from .topology import ChannelTopology
 
-__all__ = ["resolve_device", "GraphBatchResult", "solve_timesteps", "load_blocks"]
+__all__ = ["resolve_device", "GraphBatchResult", "GraphBlocks", "solve_timesteps", "scaled_blocks", "load_blocks"]
 
 DEFAULT_BUDGET_BYTES = 1 << 30
 SMALL_LAYER = 1 << 16  # weights: layers up to this size are stacked before taking norms
@@ -57,11 +58,47 @@ class GraphBatchResult:
     converged: torch.Tensor    # [G] bool
     finite: torch.Tensor       # [G] bool: weights were all finite
     connected: torch.Tensor    # [G] bool: positive-weight graph is connected (Perron vector unique)
+    error: list                # [G] str | None: why the checkpoint could not be read (row is NaN)
 
 
-def load_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]],
-                device: torch.device, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Filter-norm blocks ``[G, out, C/g]`` per layer of ``G`` checkpoints, and their finiteness.
+class GraphBlocks(NamedTuple):
+    """Filter-norm blocks of ``G`` graphs, each divided by its own power-of-two scale.
+
+    Attributes
+    ----------
+    blocks : list of Tensor ``[G, out, C/groups]``
+        Per layer, in the compute dtype; graph ``g``'s largest edge weight lies in
+        ``[0.5, 1)`` (zero for an all-zero graph and for non-finite checkpoints).
+    finite : BoolTensor ``[G]``
+        Every weight of the checkpoint was finite.
+    scale : Tensor ``[G]`` (float64)
+        ``2^e``: graph ``g``'s edge weights are ``blocks[l][g] · scale[g]`` exactly.
+    """
+
+    blocks: list
+    finite: torch.Tensor
+    scale: torch.Tensor
+
+
+def _widen(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Weights on ``device`` in float32, or float64 when either they or ``dtype`` are: norms
+    of float16/bfloat16 are never taken in their own narrow range, and float64 weights are
+    not squeezed into float32 before they are scaled."""
+    wide = torch.float64 if torch.float64 in (t.dtype, dtype) else torch.float32
+    return t.to(device=device, non_blocking=True).to(wide)
+
+
+def scaled_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]],
+                  device: torch.device, dtype: torch.dtype) -> GraphBlocks:
+    r"""Filter-norm blocks of ``G`` checkpoints, scaled per graph so no product can overflow.
+
+    Eigenvector centrality does not depend on the scale of the weights: ``cA`` has the
+    eigenvectors of ``A``. Each graph is divided by ``2^e``, the power of two just above its
+    largest edge weight (exact: only the exponent changes), so that a float32 solve sees
+    entries in ``[0, 1)`` whatever the checkpoint holds, from diverged runs (``|w| ≈ 1e17``
+    and beyond) to vanishing ones (``1e-20``). The norms themselves are taken without
+    overflow or underflow (:func:`~dtg_gpu.graph.wide_filter_norms`) and in float64 where
+    they leave the compute dtype's range, then scaled, then cast.
 
     Blocks of a checkpoint with any NaN/Inf weight are zeroed so that they cannot leak into
     the other graphs of the batch.
@@ -69,25 +106,55 @@ def load_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Ten
     :func:`solve_timesteps` calls this in a background thread for the next chunk. The norms
     are taken checkpoint by checkpoint as the weights arrive (they come from
     separate files anyway) and only the blocks are stacked: stacking the raw weights first
-    costs a copy of every weight (and as much memory again); measured on CIFAR VGG-16,
-    T=10, 2 CPU cores: 61 ms for the stack alone against 20 ms for all the norms. Layers of
+    costs a copy of every weight (and as much memory again). Layers of
     at most ``SMALL_LAYER`` weights are stacked first instead: for them the cost is per
     operation, not per byte (LeNet-5: 1,920 checkpoints × 5 layers of tiny norms).
     """
-    finite = torch.ones(len(weights), dtype=torch.bool, device=device)
+    g_count = len(weights)
     blocks = []
     for layer in topology.layers:
         if int(np.prod(layer.weight_shape)) <= SMALL_LAYER:  # few big ops beat many tiny ones
-            b = filter_norms(torch.stack([ws[layer.param] for ws in weights]).to(
-                device=device, dtype=dtype, non_blocking=True), layer)
-        else:
-            b = torch.cat([filter_norms(ws[layer.param].to(device=device, dtype=dtype, non_blocking=True)[None],
-                                        layer) for ws in weights])
-        finite &= torch.isfinite(b.reshape(len(weights), -1)).all(1)
+            b = wide_filter_norms(torch.stack([_widen(ws[layer.param], device, dtype) for ws in weights]), layer)
+        else:  # norms written in place, checkpoint by checkpoint: no stacked copy of weights or blocks
+            b = None
+            for g, ws in enumerate(weights):
+                w = _widen(ws[layer.param], device, dtype)
+                if b is None:
+                    b = torch.empty((g_count,) + layer.block_shape, dtype=w.dtype, device=device)
+                n = wide_filter_norms(w[None], layer, out=b[g:g + 1])
+                if n.dtype != b.dtype:   # this checkpoint's norms needed float64
+                    b = b.double()
+                if n.data_ptr() != b[g:g + 1].data_ptr():
+                    b[g:g + 1] = n
         blocks.append(b)
-    if not bool(finite.all()):
-        blocks = [b.masked_fill(~finite[:, None, None], 0.0) for b in blocks]
-    return blocks, finite
+    peak = torch.stack([b.reshape(g_count, -1).amax(1).to(torch.float64) for b in blocks]).amax(0)
+    finite = torch.isfinite(peak)   # amax propagates NaN and Inf
+    exponent = torch.frexp(torch.where(finite, peak, torch.zeros_like(peak))).exponent
+    scale = torch.ldexp(torch.ones_like(peak), exponent)
+    inv = torch.ldexp(torch.ones_like(peak), -exponent)
+    extreme = bool((exponent.abs() > 100).any())  # 2^-e leaves float32's normal range
+    all_finite = bool(finite.all())
+    out = []
+    for b in blocks:
+        if extreme and b.dtype != torch.float64:
+            b = b.double()
+        b = b.mul_(inv.to(b.dtype)[:, None, None]).to(dtype)   # fresh blocks: scaled in place
+        if not all_finite:
+            b[~finite] = 0.0
+        out.append(b)
+    return GraphBlocks(out, finite, scale)
+
+
+def load_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]],
+                device: torch.device, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Filter-norm blocks ``[G, out, C/g]`` per layer of ``G`` checkpoints in the weights' own
+    units (for edge lists: :meth:`AnalysisResult.graph`), and their finiteness.
+
+    The solver uses :func:`scaled_blocks`; an edge weight beyond ``dtype``'s range is ``inf``
+    here. Blocks of a checkpoint with any NaN/Inf weight are zero.
+    """
+    gb = scaled_blocks(topology, weights, device, dtype)
+    return [b * gb.scale.to(dtype)[:, None, None] for b in gb.blocks], gb.finite
 
 
 def _reachable_everywhere(op: BlockOperator, which: torch.Tensor) -> torch.Tensor:
@@ -148,13 +215,14 @@ def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology,
         chunks = list(_chunks(items, size))
 
         def load(chunk):  # read the files and take the filter norms while the last chunk solves
-            return load_blocks(topology, [run.weights(t) for run, t in chunk], device, dtype)
+            weights, errors = _read_weights(chunk, topology)
+            return scaled_blocks(topology, weights, device, dtype), errors
 
         pending = pool.submit(load, chunks[0]) if chunks else None
         for i, chunk in enumerate(chunks):
-            blocks, finite = pending.result()
+            (blocks, finite, scale), errors = pending.result()
             pending = pool.submit(load, chunks[i + 1]) if i + 1 < len(chunks) else None
-            op = BlockOperator(topology, blocks)
+            op = BlockOperator(topology, blocks, scale=scale)
             mask = torch.ones(len(chunk), topology.num_nodes, dtype=torch.bool, device=device)
             res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
             connected = finite & (res.eigenvalue > 0) & structural
@@ -170,15 +238,34 @@ def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology,
                 residual=torch.where(finite, res.residual, nan).cpu(),
                 iterations=res.iterations.cpu(),
                 converged=(res.converged & finite).cpu(),
-                finite=finite.cpu(), connected=connected.cpu()))
+                finite=finite.cpu(), connected=connected.cpu(), error=errors))
             del blocks, op
             if progress is not None:
                 progress.update(len(chunk))
-    out = GraphBatchResult(*(torch.cat([getattr(p, f) for p in parts])
-                             for f in GraphBatchResult.__dataclass_fields__))
+    out = GraphBatchResult(**{f: torch.cat([getattr(p, f) for p in parts]) if f != "error"
+                              else [e for p in parts for e in p.error]
+                              for f in GraphBatchResult.__dataclass_fields__})
     if warn:
         _warn(items, out)
     return out
+
+
+READ_ERRORS = (CheckpointError, TopologyError, OSError)
+
+
+def _read_weights(chunk, topology: ChannelTopology) -> tuple[list, list]:
+    """Each item's weights, or NaN stand-ins (no memory: expanded scalars) and the reason
+    when its checkpoint cannot be read, so that one bad file fails one graph, not the chunk."""
+    weights, errors = [], []
+    for run, t in chunk:
+        try:
+            weights.append(run.weights(t))
+            errors.append(None)
+        except READ_ERRORS as exc:
+            nan = torch.tensor(float("nan"))
+            weights.append({l.param: nan.expand(l.weight_shape) for l in topology.layers})
+            errors.append(str(exc) or type(exc).__name__)
+    return weights, errors
 
 
 def _names(items, mask) -> str:
@@ -188,8 +275,10 @@ def _names(items, mask) -> str:
 
 
 def _warn(items, out: GraphBatchResult) -> None:
-    if not bool(out.finite.all()):
-        warnings.warn(f"non-finite (NaN/Inf) weights at {_names(items, ~out.finite)}: their "
+    unread = torch.tensor([e is not None for e in out.error], dtype=torch.bool)
+    nonfinite = ~out.finite & ~unread   # unreadable checkpoints are reported by the caller
+    if bool(nonfinite.any()):
+        warnings.warn(f"non-finite (NaN/Inf) weights at {_names(items, nonfinite)}: their "
                       "centrality is NaN", NonFiniteWeightsWarning, stacklevel=3)
     bad = out.finite & ~out.converged
     if bool(bad.any()):

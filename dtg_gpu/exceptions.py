@@ -14,6 +14,7 @@ __all__ = [
     "NonFiniteWeightsWarning",
     "DisconnectedGraphWarning",
     "TracingFallbackWarning",
+    "FailedRunsWarning",
 ]
 
 
@@ -63,3 +64,12 @@ class DisconnectedGraphWarning(DTGWarning):
 
 class TracingFallbackWarning(DTGWarning):
     """The model could not be traced with torch.fx; module order was used instead."""
+
+
+class FailedRunsWarning(DTGWarning):
+    """Some runs of a sweep could not be read or solved; their rows are NaN and they are left
+    out of training. ``failures`` maps each run's name to the reason (file and cause)."""
+
+    def __init__(self, message: str, failures: dict[str, str] | None = None):
+        super().__init__(message)
+        self.failures = dict(failures or {})

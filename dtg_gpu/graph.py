@@ -14,6 +14,7 @@ vectors at once with two batched matrix products per layer and never forms ``A``
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Sequence
 
@@ -24,16 +25,37 @@ import torch
 from .exceptions import CheckpointError
 from .topology import ChannelTopology, WeightLayer
 
-__all__ = ["filter_norms", "BlockOperator", "BipartiteSquare", "graph_edges", "to_pyg", "to_networkx"]
+__all__ = ["filter_norms", "wide_filter_norms", "BlockOperator", "BipartiteSquare", "graph_edges", "to_pyg", "to_networkx"]
+
+
+def _slices(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
+    """``weight [T, *weight_shape]`` viewed as ``[T, out, C/groups, S]``: one kernel slice per edge."""
+    if tuple(weight.shape[1:]) != layer.weight_shape:
+        raise CheckpointError(
+            f"parameter {layer.param!r}: expected shape {list(layer.weight_shape)} per "
+            f"checkpoint, got {list(weight.shape[1:])}")
+    out, cin = layer.block_shape
+    return weight.reshape(weight.shape[0], out, cin, -1)
+
+
+def _norms_in_range(n: torch.Tensor) -> bool:
+    """True when plain sum-of-squares norms ``n`` cannot have overflowed or lost their
+    largest terms to underflow: every norm finite, positive and within ``2^(±emax/2 ∓ 4)``."""
+    if n.numel() == 0:
+        return True
+    info = torch.finfo(n.dtype)
+    maxexp, minexp = math.frexp(info.max)[1], math.frexp(info.tiny)[1]
+    lo, hi = torch.aminmax(n)   # one pass; NaN fails both tests
+    return bool(((hi <= 2.0 ** (maxexp // 2 - 4)) & (lo >= 2.0 ** (minexp // 2 + 4))).item())
 
 
 def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
-    r"""Filter norms of one weight layer for ``T`` checkpoints in one op.
+    r"""Filter norms of one weight layer for ``T`` checkpoints in one op, without overflow.
 
     Parameters
     ----------
     weight : Tensor ``[T, *layer.weight_shape]``
-        The layer's weight stacked over checkpoints.
+        The layer's weight stacked over checkpoints, floating point.
     layer : WeightLayer
 
     Returns
@@ -41,12 +63,21 @@ def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     Tensor ``[T, out, C/groups]``
         ``‖W[t, i, j, …]‖₂`` for convolutions; ``|W[t, i, j]|`` for ``Linear``; for a
         ``Linear`` after a flatten of ``C`` channels × ``S`` positions, ``‖W[t, i, c, :]‖₂``
-        with ``W`` viewed as ``[T, out, C, S]``.
+        with ``W`` viewed as ``[T, out, C, S]``. In ``weight``'s dtype.
 
     Raises
     ------
     CheckpointError
         ``weight`` does not have the layer's shape.
+
+    Notes
+    -----
+    A plain ``sqrt(Σ w²)`` overflows once ``|w| > 2^64`` in float32 (and loses the slice
+    once every ``|w| < 2^-75``), although the norm itself is representable. The plain form
+    is taken first; only when a norm falls outside ``2^(±(emax/2 − 4))`` (or is zero) are
+    the norms recomputed scaled by each slice's largest ``|w|`` (in float64 for float32
+    weights, whose squares always fit there), so any finite weight gives its exact norm
+    unless the norm itself exceeds the dtype.
 
     Examples
     --------
@@ -57,18 +88,31 @@ def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     >>> filter_norms(torch.tensor([[[[[3.]]], [[[-4.]]]]]), layer)
     tensor([[[3.],
              [4.]]])
+    >>> filter_norms(torch.tensor([[[[[3e30]]], [[[-4e30]]]]]), layer)  # w² overflows float32
+    tensor([[[3.0000e+30],
+             [4.0000e+30]]])
     """
-    if tuple(weight.shape[1:]) != layer.weight_shape:
-        raise CheckpointError(
-            f"parameter {layer.param!r}: expected shape {list(layer.weight_shape)} per "
-            f"checkpoint, got {list(weight.shape[1:])}")
-    t = weight.shape[0]
-    out, cin = layer.block_shape
-    if layer.kind == "conv":
-        return torch.linalg.vector_norm(weight.reshape(t, out, cin, -1), dim=-1)
-    if layer.spatial == 1:
-        return weight.abs()
-    return torch.linalg.vector_norm(weight.reshape(t, out, cin, layer.spatial), dim=-1)
+    return wide_filter_norms(weight, layer).to(weight.dtype)
+
+
+def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`filter_norms` before the cast back: float64 where the norms left the range of
+    ``weight``'s dtype, so that a caller can rescale them before casting (see
+    :func:`dtg_gpu.engine.scaled_blocks`). With ``out`` (``[T, out, C/groups]`` of
+    ``weight``'s dtype) the norms are written there, and ``out`` is returned unless they
+    needed float64."""
+    w = _slices(weight, layer)
+    if w.shape[-1] == 1:
+        return torch.abs(w[..., 0], out=out) if out is not None else w[..., 0].abs()
+    n = torch.linalg.vector_norm(w, dim=-1, out=out)
+    if _norms_in_range(n):
+        return n
+    if w.dtype != torch.float64:   # float32/16 squares always fit float64's range
+        return torch.linalg.vector_norm(w, dim=-1, dtype=torch.float64)
+    a = w.abs().amax(-1, keepdim=True)
+    a = torch.where(a > 0, a, torch.ones_like(a))
+    return torch.mul(torch.linalg.vector_norm(w / a, dim=-1), a[..., 0], out=out)
 
 
 def _as_slice(idx: torch.Tensor) -> slice | None:
@@ -131,6 +175,10 @@ class BlockOperator:
         matrix × *column* vector runs at ~4 GB/s against ~40 GB/s for the row-vector form
         (measured, 2 cores), so this is ~2× faster overall for twice the block memory.
         Default: on CPU only (GPU batched GEMV is bandwidth-bound either way).
+    scale : Tensor ``[G]``, optional
+        The graphs' weights are ``blocks · scale`` (see :func:`dtg_gpu.engine.scaled_blocks`):
+        the operator applies ``A / scale`` and solvers report eigenvalues in the units of
+        ``A``. Default: ones.
 
     Examples
     --------
@@ -143,7 +191,7 @@ class BlockOperator:
     """
 
     def __init__(self, topology: ChannelTopology, blocks: Sequence[torch.Tensor],
-                 transposed_copy: bool | None = None):
+                 transposed_copy: bool | None = None, scale: torch.Tensor | None = None):
         if len(blocks) != len(topology.layers):
             raise ValueError(f"expected {len(topology.layers)} blocks, got {len(blocks)}")
         self.topology = topology
@@ -151,6 +199,8 @@ class BlockOperator:
         first = self.blocks[0]
         self.num_graphs, self.num_nodes = first.shape[0], topology.num_nodes
         self.dtype, self.device = first.dtype, first.device
+        self.scale = (torch.ones(self.num_graphs, dtype=torch.float64, device=self.device)
+                      if scale is None else scale.to(device=self.device, dtype=torch.float64))
         self._plan = _cached_plan(topology, self.device, "block", _block_plan)
         diag = None
         for layer, block in zip(topology.layers, self.blocks):

@@ -399,19 +399,29 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
-    def predict_runs(self, runs, device=None) -> np.ndarray:
-        """Featurise ``runs`` with the saved ``feature_settings``, then :meth:`predict_proba`."""
-        from .analysis import featurize
+    def predict_runs(self, runs, device=None, strict: bool = False) -> np.ndarray:
+        """Featurise ``runs`` with the saved ``feature_settings``, then :meth:`predict_proba`.
+
+        A run that cannot be read or traced gets a row of NaN probabilities (named in a
+        :class:`~dtg_gpu.exceptions.FailedRunsWarning`); ``strict=True`` raises instead. A
+        diverged run (non-finite weights) is insufficient by rule, as in :meth:`predict_proba`.
+        """
+        from .analysis import featurize_with_failures, warn_failures
 
         fs = self.feature_settings or {}
         if "timesteps" not in fs or "alpha" not in fs:
             raise ValueError("this predictor has no feature_settings (alpha, timesteps): "
                              "featurise the runs yourself and call predict_proba")
-        X = featurize(runs, timesteps=int(fs["timesteps"]), alpha=float(fs["alpha"]),
-                      device=device, tol=float(fs.get("tol", 1e-6)),
-                      method=fs.get("method", "auto"), eigenvalue=bool(fs.get("eigenvalue", False)),
-                      per_layer=bool(fs.get("per_layer", False)))
-        return self.predict_proba(X.double().numpy())
+        runs = list(runs)
+        X, _, failures = featurize_with_failures(
+            runs, timesteps=int(fs["timesteps"]), alpha=float(fs["alpha"]),
+            device=device, tol=float(fs.get("tol", 1e-6)),
+            method=fs.get("method", "auto"), eigenvalue=bool(fs.get("eigenvalue", False)),
+            per_layer=bool(fs.get("per_layer", False)), strict=strict)
+        warn_failures(failures, stacklevel=2)
+        proba = self.predict_proba(X.double().numpy())
+        proba[[r.name in failures for r in runs]] = np.nan
+        return proba
 
     # -------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:

@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .statistics import STATISTICS
+from .sweeps import atomic_write
 
 __all__ = ["write_report", "results_table"]
 
@@ -120,6 +121,24 @@ def results_table(rows: Sequence[dict], markdown: bool = False) -> str:
     return "\n".join([fmt.format(*head)] + [fmt.format(*c) for c in lines])
 
 
+def _problem_runs(sf) -> str:
+    """HTML list of the runs that could not be read (left out) and of those that diverged
+    (non-finite weights: insufficient by rule)."""
+    parts = []
+    if sf.failed:
+        items = "".join(f"<li><b>{html.escape(str(n))}</b>: {html.escape(str(why))}</li>"
+                        for n, why in sf.failed.items())
+        parts.append(f"<h2>Runs left out ({len(sf.failed)})</h2><p>These runs could not be read "
+                     f"or solved; they are in no score above.</p><ul>{items}</ul>")
+    diverged = [r.name for r, ok in zip(sf.runs, sf.usable)
+                if ok and (r.meta.get("status") == "diverged" or not np.isfinite(sf.stats[sf.runs.index(r)].numpy()).all())]
+    if diverged:
+        parts.append(f"<h2>Diverged runs ({len(diverged)})</h2><p>Non-finite weights or loss during "
+                     "training: their features are NaN from that checkpoint on, and the predictor "
+                     "calls them insufficient by rule.</p><p>" + ", ".join(html.escape(str(n)) for n in diverged) + "</p>")
+    return "\n".join(parts)
+
+
 def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str) -> Path:
     """Write ``out/index.html`` with the plots beside it; returns its path."""
     out = Path(out)
@@ -127,8 +146,10 @@ def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, t
     plot_statistics(sf, out / "statistics_over_training.png")
     plot_vs_k(rows, out / "precision_auc_vs_k.png")
     plot_roc_confusion(headline, out / "roc_confusion.png")
-    plot_layer_centrality(example, out / "centrality_per_layer.png")
+    if example is not None:
+        plot_layer_centrality(example, out / "centrality_per_layer.png")
     table = results_table(rows)
+    problems = _problem_runs(sf)
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}img{{max-width:100%}}
 pre{{background:#f4f4f4;padding:1em}}</style></head><body>
@@ -140,7 +161,8 @@ repeated stratified 90/10 splits.</p>
 <h2>Centrality statistics over training</h2><img src="statistics_over_training.png">
 <h2>How early can we tell?</h2><img src="precision_auc_vs_k.png">
 <h2>ROC and confusion matrix</h2><img src="roc_confusion.png">
-<h2>Centrality per layer</h2><img src="centrality_per_layer.png">
+{'<h2>Centrality per layer</h2><img src="centrality_per_layer.png">' if example is not None else ''}
+{problems}
 </body></html>"""
-    (out / "index.html").write_text(doc)
+    atomic_write(out / "index.html", doc)
     return out / "index.html"

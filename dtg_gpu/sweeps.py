@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +26,12 @@ import torch.nn.functional as F
 from .checkpoints import Run
 from .data import Dataset, load_dataset
 from .engine import resolve_device
+from ._files import atomic_write
 from .exceptions import DTGWarning
 from .grouped import GroupedSequential, sequential_layers
 from .models import build_model
 
-__all__ = ["SweepConfig", "run_sweep", "load_sweep", "atomic_write", "tune_cpu_malloc"]
+__all__ = ["SweepConfig", "SweepRuns", "run_sweep", "load_sweep", "atomic_write", "tune_cpu_malloc"]
 
 
 @dataclass
@@ -66,13 +67,6 @@ class SweepConfig:
     def grid(self) -> list[dict[str, Any]]:
         return [{"lr": float(lr), "dropout": float(d), "seed": s}
                 for lr in self.lrs for d in self.dropouts for s in range(int(self.seeds))]
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through ``write(tmp)`` to ``path.tmp``, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -405,14 +399,38 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
     return out
 
 
-def load_sweep(path: str | os.PathLike) -> list[Run]:
-    """The complete runs of a sweep folder, in grid order (unfinished ones are skipped with a warning).
+class SweepRuns(list):
+    """The runs of a sweep (a ``list`` of :class:`~dtg_gpu.Run`) and, in ``failed``, the run
+    folders that could not be read, each with the reason."""
+
+    def __init__(self, runs=(), failed: dict[str, str] | None = None):
+        super().__init__(runs)
+        self.failed: dict[str, str] = dict(failed or {})
+
+
+def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
+    """The complete runs of a sweep folder, in grid order.
+
+    Unfinished runs are skipped with a warning. A complete run whose folder cannot be read
+    (corrupt ``run.json``, missing or foreign checkpoint files, unknown model) is left out
+    and named, with the reason, in the returned list's ``failed`` and in one
+    :class:`~dtg_gpu.exceptions.FailedRunsWarning`; one bad run never stops the sweep.
+
+    Parameters
+    ----------
+    path : path-like
+        The sweep folder (``sweep.json`` and one folder per run).
+    strict : bool, default False
+        Raise the first run's error instead.
 
     Raises
     ------
     FileNotFoundError
         No ``sweep.json`` in ``path``.
     """
+    from .analysis import warn_failures
+    from .engine import READ_ERRORS
+
     path = Path(path)
     manifest = path / "sweep.json"
     if not manifest.is_file():
@@ -422,4 +440,13 @@ def load_sweep(path: str | os.PathLike) -> list[Run]:
     if len(done) < len(names):
         warnings.warn(f"{path}: {len(names) - len(done)} of {len(names)} runs are unfinished "
                       "and skipped; rerun the sweep to complete them", DTGWarning, stacklevel=2)
-    return [Run.from_dir(path / n) for n in done]
+    runs = SweepRuns()
+    for n in done:
+        try:
+            runs.append(Run.from_dir(path / n))
+        except READ_ERRORS as exc:
+            if strict:
+                raise
+            runs.failed[n] = str(exc)
+    warn_failures(runs.failed, stacklevel=2)
+    return runs

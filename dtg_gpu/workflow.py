@@ -8,13 +8,13 @@ one centrality solve serves every ``k``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from .analysis import featurize
+from .analysis import featurize_with_failures, warn_failures
 from .baselines import learning_curve, spectral_alpha, weight_statistics
 from .checkpoints import Run
 from .evaluation import evaluate
@@ -33,6 +33,12 @@ class SweepFeatures:
     accuracies: np.ndarray       # [runs]
     log_eigenvalue: torch.Tensor | None = None   # [runs, T] log lambda_1 (option beyond SPEC)
     layer_stats: torch.Tensor | None = None      # [runs, T, 5·L] per-layer statistics (option)
+    failed: dict = field(default_factory=dict)   # run name -> why it could not be read or solved
+    usable: np.ndarray | None = None             # [runs] bool: False for runs in `failed`
+
+    def __post_init__(self) -> None:
+        if self.usable is None:
+            self.usable = np.ones(len(self.runs), dtype=bool)
 
     def dtg(self, k: int, eigenvalue: bool = False, per_layer: bool = False) -> np.ndarray:
         """DTG features of the first ``k`` checkpoints; the options as in :func:`featurize`."""
@@ -72,17 +78,29 @@ class SweepFeatures:
 
 
 def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
-                    dtype=torch.float32, progress: bool = False) -> SweepFeatures:
-    """Solve every checkpoint of every run once; keep the raw statistics."""
+                    dtype=torch.float32, progress: bool = False, strict: bool = False) -> SweepFeatures:
+    """Solve every checkpoint of every run once; keep the raw statistics.
+
+    Runs that cannot be read (those :func:`~dtg_gpu.sweeps.load_sweep` already left out, in
+    ``runs.failed``, and those whose checkpoints fail here) are listed in ``failed`` and
+    marked in ``usable``; :func:`compare` leaves them out with a warning. ``strict=True``
+    raises instead.
+    """
+    failed = dict(getattr(runs, "failed", {}))
     runs = list(runs)
     topos = {id(r.topology): r.topology for r in runs}
     per_layer = len({len(layer_node_groups(t)) for t in topos.values()}) == 1
-    _, stats = featurize(runs, alpha=alpha, device=device, dtype=dtype, progress=progress,
-                         return_stats=True, eigenvalue=True, per_layer=per_layer)
+    _, stats, failures = featurize_with_failures(
+        runs, alpha=alpha, device=device, dtype=dtype, progress=progress, eigenvalue=True,
+        per_layer=per_layer, strict=strict)
+    warn_failures(failures, stacklevel=2)
+    failed.update(failures)
+    usable = np.array([r.name not in failures for r in runs], dtype=bool)
     acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
     return SweepFeatures(runs=runs, stats=stats[..., :5].contiguous(), alpha=alpha, accuracies=acc,
                          log_eigenvalue=stats[..., -1].contiguous(),
-                         layer_stats=stats[..., 5:-1].contiguous() if per_layer else None)
+                         layer_stats=stats[..., 5:-1].contiguous() if per_layer else None,
+                         failed=failed, usable=usable)
 
 
 def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -91,11 +109,19 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
     ``dtg_per_layer+eigenvalue`` (options beyond SPEC), ``learning_curve``."""
     out: dict[str, np.ndarray] = {}
     ws = None
+    ok_runs = [r for r, u in zip(sf.runs, sf.usable) if u]
+
+    def per_run(fn) -> np.ndarray:  # a baseline of the usable runs; NaN rows for failed ones
+        part = fn(ok_runs, k)
+        full = np.full((len(sf.runs), part.shape[1] if part.ndim == 2 else 0), np.nan)
+        full[sf.usable] = part
+        return full
+
     for name in names:
         if name == "dtg":
             out[name] = sf.dtg(k)
         elif name in ("weight_stats", "dtg+weight_stats"):
-            ws = weight_statistics(sf.runs, k) if ws is None else ws
+            ws = per_run(weight_statistics) if ws is None else ws
             out[name] = ws if name == "weight_stats" else np.hstack([sf.dtg(k), ws])
         elif name == "dtg+eigenvalue":
             out[name] = sf.dtg(k, eigenvalue=True)
@@ -104,9 +130,9 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
         elif name == "dtg_per_layer+eigenvalue":
             out[name] = sf.dtg(k, per_layer=True, eigenvalue=True)
         elif name == "spectral":
-            out[name] = spectral_alpha(sf.runs, k)
+            out[name] = per_run(spectral_alpha)
         elif name == "learning_curve":
-            out[name] = learning_curve(sf.runs, k)
+            out[name] = per_run(learning_curve)
         else:
             raise ValueError(f"unknown feature set {name!r}")
     return out
@@ -114,12 +140,16 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
 
 def compare(sf: SweepFeatures, ks: Sequence[int], names: Sequence[str], threshold: Any = "median",
             repeats: int = 20, seed: int = 0, clf: PerformancePredictor | None = None) -> list[dict]:
-    """Evaluate every feature set at every ``k``; one row per (feature set, k)."""
-    y = label_runs(sf.accuracies, threshold)
+    """Evaluate every feature set at every ``k``; one row per (feature set, k).
+
+    Runs that failed to be read or solved (``sf.usable`` False) are left out of labels,
+    training and testing; featurising named them in a warning already."""
+    keep = sf.usable
+    y = label_runs(sf.accuracies[keep], threshold)
     clf = clf or PerformancePredictor()
     rows = []
     for k in ks:
         for name, X in feature_sets(sf, k, names).items():
-            s = evaluate(clf, X, y, repeats=repeats, seed=seed)
+            s = evaluate(clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
     return rows

@@ -135,7 +135,8 @@ def test_ritz_pair_matches_eigh(k):
     beta[:4] = 0.0                       # broken-down (diagonal) tridiagonals
     alpha[4:6] = 0.0
     beta[4:6] = 0.0                      # all-zero ones
-    theta, s = _ritz(alpha, beta)
+    theta, s, ok = _ritz(alpha, beta)
+    assert ok.all()
     t = torch.diag_embed(alpha)
     if k > 1:
         off = torch.diag_embed(beta[:, :-1], offset=1)
@@ -147,3 +148,17 @@ def test_ritz_pair_matches_eigh(k):
     # a unit vector with Rayleigh quotient equal to the top eigenvalue is a top eigenvector
     rq = torch.einsum("gi,gij,gj->g", s, t, s)
     np.testing.assert_allclose(rq.numpy(), w[:, -1].numpy(), atol=1e-9)
+
+
+def test_ritz_flags_bad_tridiagonals_and_keeps_the_rest():
+    g = torch.Generator().manual_seed(0)
+    alpha = torch.rand(6, 8, generator=g, dtype=torch.float64)
+    beta = torch.rand(6, 8, generator=g, dtype=torch.float64)
+    alpha[1, 3] = float("nan")
+    beta[4, 2] = float("inf")
+    theta, s, ok = _ritz(alpha, beta)
+    assert ok.tolist() == [True, False, True, True, False, True]
+    assert torch.isnan(theta[~ok]).all() and (s[~ok] == 0).all()
+    good = ok.nonzero().flatten()
+    ref, _, _ = _ritz(alpha[good], beta[good])
+    torch.testing.assert_close(theta[good], ref)

@@ -26,18 +26,38 @@ def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
                    help="option beyond SPEC: add log(lambda_1) as a last statistic per timestep")
 
 
+def _strict(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first run that cannot be read or solved (default: name it, "
+                        "leave it out, go on with the rest)")
+
+
+def _load_sweep(a):
+    from ..sweeps import load_sweep
+
+    return load_sweep(a.sweep, strict=a.strict)
+
+
 def _sweep_features(a, runs):
-    """Featurise ``runs`` with the command's flags: ``(X, statistic names, k)``."""
-    from ..analysis import featurize
+    """Featurise ``runs`` with the command's flags: ``(X, statistic names, k, usable)``;
+    ``usable[i]`` is False for a run that could not be read or solved (its row is NaN)."""
+    from ..analysis import featurize_with_failures, warn_failures
+    from ..exceptions import TopologyError
     from ..statistics import STATISTICS, layer_node_groups
 
-    X = featurize(runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
-                  eigenvalue=a.eigenvalue, per_layer=a.per_layer)
+    X, _, failures = featurize_with_failures(
+        runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
+        eigenvalue=a.eigenvalue, per_layer=a.per_layer, strict=a.strict)
+    warn_failures(failures)
+    usable = np.array([r.name not in failures for r in runs], dtype=bool)
+    if not usable.any():
+        raise TopologyError("no run of the sweep could be read: " + "; ".join(list(failures.values())[:3]))
     names = list(STATISTICS)
     if a.per_layer:
-        names += [f"{layer}:{s}" for layer, _ in layer_node_groups(runs[0].topology) for s in STATISTICS]
+        first = runs[int(np.flatnonzero(usable)[0])]
+        names += [f"{layer}:{s}" for layer, _ in layer_node_groups(first.topology) for s in STATISTICS]
     names += ["log_eigenvalue"] if a.eigenvalue else []
-    return X, names, X.shape[1] // len(names)
+    return X, names, X.shape[1] // len(names), usable
 
 
 def _command(name: str, help: str, configure, run):
@@ -145,15 +165,14 @@ def _featurize_args(p):
     p.add_argument("--out", required=True, help="write features here (.csv)")
     _features(p)
     _eigenvalue_flag(p)
+    _strict(p)
 
 
 def _featurize_run(a) -> int:
     import pandas as pd
 
-    from ..sweeps import load_sweep
-
-    runs = load_sweep(a.sweep)
-    X, names, k = _sweep_features(a, runs)
+    runs = _load_sweep(a)
+    X, names, k, _ = _sweep_features(a, runs)
     cols = [f"{s}_t{t + 1}" for t in range(k) for s in names]
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
@@ -176,6 +195,7 @@ def _train_args(p):
     _features(p)
     _eigenvalue_flag(p)
     _scaling(p)
+    _strict(p)
 
 
 def _scaling(p):
@@ -198,6 +218,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def torch_index(mask: np.ndarray):
+    """A NumPy boolean mask as a torch index."""
+    import torch
+
+    return torch.as_tensor(mask)
+
+
 def _threshold(text: str):
     try:
         return float(text)
@@ -207,11 +234,13 @@ def _threshold(text: str):
 
 def _train_run(a) -> int:
     from ..predictor import PerformancePredictor, label_runs
-    from ..sweeps import load_sweep
 
-    runs = load_sweep(a.sweep)
-    y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
-    X, names, k = _sweep_features(a, runs)
+    runs = _load_sweep(a)
+    label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
+    X, names, k, usable = _sweep_features(a, runs)
+    runs = [r for r, u in zip(runs, usable) if u]   # failed runs: named in a warning, left out
+    X = X[torch_index(usable)]
+    y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
     clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, scaling=a.scaling, select=a.select, feature_settings={
         "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
         "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer)})
@@ -229,18 +258,31 @@ def _predict_args(p):
     p.add_argument("predictor", help="file written by 'dtg train'")
     p.add_argument("runs", nargs="+", help="run folders")
     _device(p)
+    _strict(p)
 
 
 def _predict_run(a) -> int:
     from ..checkpoints import Run
     from ..predictor import PerformancePredictor
 
+    from ..engine import READ_ERRORS
+
     clf = PerformancePredictor.load(a.predictor)
-    runs = [Run.from_dir(r) for r in a.runs]
-    proba = clf.predict_runs(runs, device=a.device)[:, -1]
+    runs, bad = [], {}
+    for folder in a.runs:
+        try:
+            runs.append(Run.from_dir(folder))
+        except READ_ERRORS as exc:
+            if a.strict:
+                raise
+            bad[folder] = str(exc)
+    proba = clf.predict_runs(runs, device=a.device, strict=a.strict)[:, -1] if runs else []
     for run, p in zip(runs, proba):
-        print(f"{run.name}\tP(sufficient)={p:.3f}\t{'sufficient' if p >= 0.5 else 'insufficient'}")
-    return 0
+        verdict = "failed" if not np.isfinite(p) else ("sufficient" if p >= 0.5 else "insufficient")
+        print(f"{run.name}\tP(sufficient)={p:.3f}\t{verdict}")
+    for folder, why in bad.items():
+        print(f"{folder}\tP(sufficient)=nan\tfailed: {why}")
+    return 1 if bad or not np.isfinite(np.asarray(proba, dtype=float)).all() else 0
 
 
 predict = _command("predict", "predict whether runs end sufficient", _predict_args, _predict_run)
@@ -257,16 +299,16 @@ def _evaluate_args(p):
     p.add_argument("--json", action="store_true")
     _features(p)
     _scaling(p)
+    _strict(p)
 
 
 def _evaluate_run(a) -> int:
     from ..evaluation import METRICS
     from ..predictor import PerformancePredictor
     from ..report import results_table
-    from ..sweeps import load_sweep
     from ..workflow import compare, featurize_sweep
 
-    sf = featurize_sweep(load_sweep(a.sweep), alpha=a.alpha, device=a.device, progress=True)
+    sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict)
     k = a.timesteps or sf.timesteps
     rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
                    clf=PerformancePredictor(scaling=a.scaling, select=a.select))
@@ -343,12 +385,13 @@ def _demo_args(p):
     p.add_argument("--out", default="demo-out")
     p.add_argument("--quiet", action="store_true")
     _device(p)
+    _strict(p)
 
 
 def _demo_run(a) -> int:
     from ..demo import run_demo
 
-    run_demo(a.out, quick=a.quick, device=a.device, progress=not a.quiet)
+    run_demo(a.out, quick=a.quick, device=a.device, progress=not a.quiet, strict=a.strict)
     return 0
 
 
