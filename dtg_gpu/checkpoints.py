@@ -25,25 +25,125 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 import torch
 from torch import nn
 
+from ._files import confined_path
 from .exceptions import CheckpointError, UnsafeCheckpointError
 from .topology import ChannelTopology, channel_topology
 
-__all__ = ["Run", "load_state_dict", "load_weights", "CHECKPOINT_SUFFIXES"]
+__all__ = ["Run", "load_state_dict", "load_weights", "checkpoint_shapes", "read_manifest",
+           "CHECKPOINT_SUFFIXES"]
 
-CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt")
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin")
 Checkpoint = Union[Mapping[str, torch.Tensor], str, os.PathLike]
 
 
+MAX_MANIFEST_BYTES = 64 << 20   # run.json / sweep.json larger than this are refused unread
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.")
+
+
+def _harmless_globals() -> list:
+    """Globals that Lightning and plain training scripts put beside the weights and that
+    build nothing but data: ``argparse.Namespace`` hyper-parameters, NumPy scalars and dtypes."""
+    import argparse
+    import numpy as np
+
+    out: list = [argparse.Namespace, np.dtype]
+    for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            out.append(getattr(__import__(mod, fromlist=["scalar"]), "scalar"))
+            break
+        except (ImportError, AttributeError):
+            continue
+    out += [type(np.dtype(t)) for t in ("float16", "float32", "float64", "int32", "int64", "bool")]
+    return out
+
+
+def _first_line(text: str) -> str:
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))   # torch colours its hints
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:   # the line that names the refused global, when there is one
+        if "Unsupported global" in ln or "GLOBAL" in ln:
+            return ln
+    return lines[0] if lines else ""
+
+
 def _read_pickled_state(path: Path) -> Any:
+    import torch.serialization as ts
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with ts.safe_globals(_harmless_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpointError(
-            f"{path}: refused to load: unpickling it would run code or build objects other "
-            f"than tensors (weights_only=True): {str(exc).splitlines()[0]}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        line = _first_line(exc)
+        refs = _pickle_globals(path) if not ("Unsupported global" in line or "GLOBAL" in line) else None
+        if "Unsupported global" in line or "GLOBAL" in line or refs:
+            what = line if not refs else f"it references {', '.join(refs[:3])}"
+            hint = (" (a whole pickled model? save model.state_dict() instead)"
+                    if "torch.nn" in what or "Module" in what or "__main__" in what else "")
+            raise UnsafeCheckpointError(
+                f"{path}: refused to load: unpickling it would run code or build objects other "
+                f"than tensors{hint}: {what}") from None
+        raise CheckpointError(f"{path}: not a torch checkpoint (corrupt, or another format)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError,
+            AttributeError, IndexError, KeyError, MemoryError, RecursionError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not a readable torch checkpoint "
-                              f"(truncated or corrupt?): {exc}") from None
+                              f"(truncated or corrupt?): {_first_line(exc) or type(exc).__name__}") from None
+
+
+_CODE_OPS = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+
+
+def _pickle_globals(path: Path, limit: int = 64 << 20) -> list[str] | None:
+    """The globals a pickle stream would import, read with :mod:`pickletools` (which parses
+    and runs nothing); ``None`` when the file is no parseable pickle (random bytes, a
+    truncated file). A ``torch.save`` zip is read at its ``data.pkl``."""
+    import io
+    import pickletools
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
+                if name is None or z.getinfo(name).file_size > limit:
+                    return None
+                data = z.read(name)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(limit)
+        refs, strings, code = [], [], False
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                strings.append(str(arg))
+            elif op.name == "GLOBAL":
+                refs.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                refs.append(f"{strings[-2]}.{strings[-1]}")
+            code |= op.name in _CODE_OPS
+        return (refs or ["objects it would build"]) if code else None
+    except Exception:   # not a pickle we can parse: the caller reports a corrupt file
+        return None
+
+
+def _is_state(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def _tensors_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
+    """The state dict inside a loaded checkpoint: the top level, or under one of
+    :data:`STATE_DICT_KEYS` (``{"model": sd, "optimizer": ..., "epoch": 3}``)."""
+    if isinstance(obj, Mapping):
+        for key in STATE_DICT_KEYS:
+            inner = obj.get(key)
+            if isinstance(inner, Mapping) and any(isinstance(v, torch.Tensor) for v in inner.values()):
+                return {k: v for k, v in inner.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+        tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+        if tensors:
+            return tensors
+    raise CheckpointError(f"{path}: does not hold a state dict (a mapping of names to tensors, "
+                          f"at the top level or under {', '.join(map(repr, STATE_DICT_KEYS))})")
 
 
 def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
@@ -52,7 +152,7 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
     Parameters
     ----------
     path : path-like
-        ``.safetensors``, ``.pt``/``.pth`` or ``.ckpt``.
+        ``.safetensors``, ``.pt``/``.pth``/``.bin`` or ``.ckpt``.
     keys : iterable of str, optional
         Read only these tensors where the format allows it (safetensors).
 
@@ -65,7 +165,8 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
     CheckpointError
         Missing, truncated or corrupt file, or no state dict inside. The message names it.
     UnsafeCheckpointError
-        The file would execute code when unpickled.
+        The file would execute code when unpickled (the message keeps torch's line that
+        names the refused global).
     """
     path = Path(path)
     if not path.is_file():
@@ -76,58 +177,175 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
 
         try:
             with safe_open(str(path), framework="pt") as f:
-                names = list(f.keys()) if keys is None else [k for k in keys if k in f.keys()]
+                present = set(f.keys())
+                names = list(present) if keys is None else [k for k in keys if k in present]
                 return {k: f.get_tensor(k) for k in names}
-        except (SafetensorError, OSError, ValueError) as exc:
+        except (SafetensorError, OSError, ValueError, TypeError, RuntimeError, MemoryError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file "
-                                  f"(truncated or corrupt?): {exc}") from None
+                                  f"(truncated or corrupt?): {_first_line(exc)}") from None
     if suffix not in CHECKPOINT_SUFFIXES:
         raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r} "
                               f"(expected one of {', '.join(CHECKPOINT_SUFFIXES)})")
-    obj = _read_pickled_state(path)
-    if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
-        obj = obj["state_dict"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path}: does not hold a state dict (a mapping of names to tensors)")
-    return dict(obj)
+    return _tensors_of(_read_pickled_state(path), path)
 
 
-def _resolve_key(state: Mapping[str, torch.Tensor], key: str) -> str | None:
-    if key in state:
-        return key
-    hits = [k for k in state if k.endswith("." + key)]
-    return hits[0] if len(hits) == 1 else None
+def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the tensors of a checkpoint file, read from its header where
+    the format has one (safetensors; zip ``torch.save`` files are memory-mapped), so that a
+    model can be checked against the file before anything is allocated for it."""
+    path = Path(path)
+    if path.suffix.lower() == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except (SafetensorError, OSError, ValueError, TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file "
+                                  f"(truncated or corrupt?): {_first_line(exc)}") from None
+    return {k: tuple(v.shape) for k, v in load_state_dict(path).items()}
+
+
+def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | None,
+                 label: str) -> str:
+    """The one key prefix under which ``state`` holds every parameter of ``params``.
+
+    ``""`` when the keys match exactly; otherwise the prefix (``model.``, ``module.``,
+    ``_orig_mod.``, a LightningModule attribute, ...) shared by all of them. Keys are never
+    matched one by one, so a missing weight is never filled from another copy (``ema.``).
+    """
+    if prefix is not None:
+        missing = [p for p in params if prefix + p not in state]
+        if missing:
+            raise CheckpointError(f"{label}: parameter {prefix + missing[0]!r} is missing "
+                                  f"(prefix={prefix!r})")
+        return prefix
+    if all(p in state for p in params):
+        return ""
+    first = params[0]
+    cands = sorted({k[: len(k) - len(first)] for k in state if k.endswith("." + first)})
+    full = [c for c in cands if all(c + p in state for p in params)]
+    if len(full) == 1:
+        return full[0]
+    if len(full) > 1:
+        plain = [c for c in full if all(part + "." in WRAPPER_PREFIXES for part in c.split(".")[:-1])]
+        if len(plain) == 1:
+            return plain[0]
+        raise CheckpointError(
+            f"{label}: the model's weights are there under several prefixes "
+            f"({', '.join(repr(c) for c in full)}), e.g. an EMA copy beside the model; "
+            f"choose one with Run(..., prefix=...) (or --prefix)")
+    missing = next(p for p in params if p not in state)
+    hint = f" (found it under {cands[0]!r} but not the other weights)" if cands else ""
+    raise CheckpointError(f"{label}: parameter {missing!r} is missing{hint}")
 
 
 def load_weights(checkpoint: Checkpoint, params: Sequence[str], shapes: Mapping[str, tuple],
-                 *, label: str) -> dict[str, torch.Tensor]:
+                 *, label: str, prefix: str | None = None) -> dict[str, torch.Tensor]:
     """The weights ``params`` of one checkpoint, validated against ``shapes``.
 
     Raises
     ------
     CheckpointError
-        A weight is missing or has the wrong shape; the message names ``label`` (the file
-        or checkpoint index) and the parameter.
+        A weight is missing, ambiguous (several prefixes), not a floating-point tensor, or
+        has the wrong shape; the message names ``label`` (the file or checkpoint index) and
+        the parameter.
     """
     if isinstance(checkpoint, Mapping):
         state = checkpoint
     else:
-        state = load_state_dict(checkpoint, keys=params)
-        if any(p not in state for p in params):  # e.g. a Lightning prefix: read everything
+        keys = list(params) if not prefix else [prefix + p for p in params]
+        state = load_state_dict(checkpoint, keys=keys)
+        if any(k not in state for k in keys):  # e.g. a Lightning prefix: read everything
             state = load_state_dict(checkpoint)
+    pre = _with_prefix(state, list(params), prefix, label)
     out = {}
     for p in params:
-        k = _resolve_key(state, p)
-        if k is None:
-            raise CheckpointError(f"{label}: parameter {p!r} is missing")
-        t = state[k]
+        t = state[pre + p]
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{label}: parameter {p!r} is not a tensor")
+        if not t.is_floating_point():
+            raise CheckpointError(f"{label}: parameter {p!r} has dtype {t.dtype}; weights must be "
+                                  "floating point (int, bool and complex tensors are not weights)")
         if tuple(t.shape) != tuple(shapes[p]):
             raise CheckpointError(f"{label}: parameter {p!r} has shape {list(t.shape)}, "
                                   f"the model expects {list(shapes[p])}")
         out[p] = t
     return out
+
+
+def read_manifest(path: Path) -> Any:
+    """A JSON manifest (``run.json``, ``sweep.json``), size-checked before it is read.
+
+    Raises
+    ------
+    CheckpointError
+        Too large, not UTF-8, not JSON, or nested too deeply; the message names the file.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    if size > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{path}: {size} bytes is too large for a manifest "
+                              f"(limit {MAX_MANIFEST_BYTES})")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid JSON: nested too deeply") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
+def _natural_key(name: str) -> tuple:
+    import re
+
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+def _scan_checkpoints(path: Path) -> list[Path]:
+    """Checkpoint files of a folder without ``run.json``, in time order: ``ckpt-*`` files, or
+    else every checkpoint file; ordered by the numbers in their names (natural order: 2
+    before 10), never lexicographically. Names without a number cannot be ordered: error."""
+    files = [f for f in path.iterdir() if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file()
+             and not f.name.startswith(".")]
+    ckpt = [f for f in files if f.name.startswith("ckpt-")]
+    files = ckpt or files
+    import re
+
+    unnumbered = [f.name for f in files if not re.search(r"\d", f.stem)]
+    if unnumbered and len(files) > 1:
+        raise CheckpointError(f"{path}: cannot tell the time order of {', '.join(sorted(unnumbered)[:5])}: "
+                              "checkpoint names must carry their step or epoch, or list them in run.json")
+    keys = [_natural_key(f.stem) for f in files]
+    if len(set(keys)) < len(keys):
+        raise CheckpointError(f"{path}: two checkpoint files carry the same number; list them in run.json")
+    return [f for _, f in sorted(zip(keys, files))]
+
+
+def _check_meta(meta: Any, manifest: Path) -> dict:
+    """Validate the fields of ``run.json`` that the library reads; errors name file and field."""
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{manifest}: expected a JSON object, got {type(meta).__name__}")
+    if "model" in meta and not (isinstance(meta["model"], str) and meta["model"]):
+        raise CheckpointError(f"{manifest}: field 'model' must be a model name, got {meta['model']!r}")
+    kw = meta.get("model_kwargs", {})
+    if kw is None:
+        kw = {}
+    if not isinstance(kw, dict):
+        raise CheckpointError(f"{manifest}: field 'model_kwargs' must be an object, got {type(kw).__name__}")
+    meta["model_kwargs"] = kw
+    for field_name in ("final_accuracy", "test_accuracy"):
+        v = meta.get(field_name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise CheckpointError(f"{manifest}: field {field_name!r} must be a number or null, got {v!r}")
+    if "checkpoints" in meta and not isinstance(meta["checkpoints"], list):
+        raise CheckpointError(f"{manifest}: field 'checkpoints' must be a list")
+    if "name" in meta and not isinstance(meta["name"], str):
+        raise CheckpointError(f"{manifest}: field 'name' must be a string, got {meta['name']!r}")
+    return meta
 
 
 @dataclass
@@ -137,13 +355,18 @@ class Run:
     Parameters
     ----------
     model : torch.nn.Module
-        The architecture (its own weights are not used).
+        The architecture (its own weights are not used; it may live on the ``meta`` device).
     checkpoints : sequence of state dict or path
-        In memory or on disk (loaded lazily, one at a time).
+        In memory or on disk (loaded lazily, one at a time), in time order.
     name : str, optional
     meta : dict, optional
         Anything known about the run (``final_accuracy``, ``lr``, ...). ``run.json``
         for runs read with :meth:`from_dir`.
+    prefix : str, optional
+        Key prefix of the model's weights inside the checkpoints (``"ema."`` to analyse an
+        EMA copy). Default: found per checkpoint: exact keys, else the one prefix
+        (``model.``, ``module.``, ``_orig_mod.``, a Lightning attribute) under which every
+        weight is; several complete copies are an error that names them.
 
     Examples
     --------
@@ -158,6 +381,7 @@ class Run:
     checkpoints: Sequence[Checkpoint]
     name: str | None = None
     meta: dict = field(default_factory=dict)
+    prefix: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -179,8 +403,19 @@ class Run:
 
     @property
     def final_accuracy(self) -> float | None:
+        """``final_accuracy`` (or ``test_accuracy``) of :attr:`meta`; None when absent.
+
+        Raises
+        ------
+        CheckpointError
+            The value is not a number (names the run and the field).
+        """
         acc = self.meta.get("final_accuracy", self.meta.get("test_accuracy"))
-        return None if acc is None else float(acc)
+        if acc is None:
+            return None
+        if isinstance(acc, bool) or not isinstance(acc, (int, float)):
+            raise CheckpointError(f"run {self.name!r}: final_accuracy must be a number, got {acc!r}")
+        return float(acc)
 
     def label(self, t: int) -> str:
         """How checkpoint ``t`` is named in messages: its file, or its index."""
@@ -191,21 +426,29 @@ class Run:
         """The graph's weight tensors of checkpoint ``t``, validated against the model."""
         topo = self.topology
         shapes = {l.param: l.weight_shape for l in topo.layers}
-        return load_weights(self.checkpoints[t], topo.params, shapes, label=self.label(t))
+        return load_weights(self.checkpoints[t], topo.params, shapes, label=self.label(t),
+                            prefix=self.prefix)
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike, model: nn.Module | None = None) -> "Run":
-        r"""Read a run folder of the on-disk sweep format (see SPEC).
+    def from_dir(cls, path: str | os.PathLike, model: nn.Module | None = None,
+                 prefix: str | None = None) -> "Run":
+        r"""Read a run folder.
 
-        ``run.json`` names the model (``model`` and ``model_kwargs``, built with
-        :func:`dtg_gpu.models.build_model`) and its ``checkpoints`` in time order; without
-        ``run.json``, pass ``model`` and every ``ckpt-*`` file is used in name order.
+        With ``run.json`` (the sweep format, see SPEC): it names the model (``model`` and
+        ``model_kwargs``, built with :func:`dtg_gpu.models.build_model` on the ``meta``
+        device, so no memory is spent before the checkpoint's shapes are checked) and its
+        ``checkpoints`` in time order. Every listed file must lie inside the folder
+        (absolute paths, ``..`` and symlinks out of it are refused). Without ``run.json``,
+        pass ``model``; the folder's checkpoint files (``ckpt-*`` if there are such) are
+        taken in the natural order of the numbers in their names (``ckpt-2`` before
+        ``ckpt-10``).
 
         Raises
         ------
         CheckpointError
-            No such folder, an unreadable ``run.json``, no checkpoints, or a listed
-            checkpoint file that is missing.
+            No such folder; an unreadable or malformed ``run.json`` (the message names the
+            field); a listed file missing or outside the folder; no checkpoints; names whose
+            time order cannot be told; a model that does not match the first checkpoint.
         """
         path = Path(path)
         if not path.is_dir():
@@ -213,26 +456,47 @@ class Run:
         meta: dict[str, Any] = {}
         manifest = path / "run.json"
         if manifest.is_file():
-            try:
-                meta = json.loads(manifest.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise CheckpointError(f"{manifest}: not valid JSON: {exc}") from None
+            meta = _check_meta(read_manifest(manifest), manifest)
         if model is None:
             if "model" not in meta:
                 raise CheckpointError(f"{path}: no run.json naming the model; pass model=...")
             from .models import build_model
 
-            model = build_model(meta["model"], **meta.get("model_kwargs", {}))
+            try:
+                with torch.device("meta"):
+                    model = build_model(meta["model"], **meta["model_kwargs"])
+            except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
+                raise CheckpointError(f"{manifest}: cannot build model {meta['model']!r} with "
+                                      f"model_kwargs {meta['model_kwargs']!r}: {exc}") from None
         if "checkpoints" in meta:
-            files = [path / c["file"] if isinstance(c, Mapping) else path / c for c in meta["checkpoints"]]
+            files = []
+            for i, c in enumerate(meta["checkpoints"]):
+                name = c.get("file") if isinstance(c, Mapping) else c
+                files.append(confined_path(path, name, what=f"{manifest}: checkpoints[{i}].file"))
             missing = [str(f) for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"{path}: checkpoint files listed in run.json are missing: "
                                       + ", ".join(missing[:5]))
         else:
-            files = sorted(f for f in path.iterdir()
-                           if f.name.startswith("ckpt-") and f.suffix in CHECKPOINT_SUFFIXES)
+            files = [confined_path(path, f.name, what=f"{path}: checkpoint") for f in _scan_checkpoints(path)]
         if not files:
             raise CheckpointError(f"{path}: the run has no checkpoint files")
+        _check_against(model, files[0], prefix)
         meta.setdefault("name", path.name)
-        return cls(model=model, checkpoints=files, name=meta["name"], meta=meta)
+        return cls(model=model, checkpoints=files, name=meta["name"], meta=meta, prefix=prefix)
+
+
+def _check_against(model: nn.Module, first: Path, prefix: str | None) -> None:
+    """The model's conv/linear weight shapes against the first checkpoint's header, before
+    the topology (whose size follows the model's) is built."""
+    shapes = checkpoint_shapes(first)
+    want = {n: tuple(p.shape) for n, p in model.state_dict().items()
+            if n.endswith("weight") and len(p.shape) >= 2}
+    if not want:
+        return
+    params = list(want)
+    pre = _with_prefix(shapes, params, prefix, str(first))
+    for n, shape in want.items():
+        if shapes[pre + n] != shape:
+            raise CheckpointError(f"{first}: parameter {n!r} has shape {list(shapes[pre + n])}, "
+                                  f"the model expects {list(shape)}")

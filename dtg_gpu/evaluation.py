@@ -50,6 +50,7 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
         Split ``r`` uses ``random_state = seed + r``; a ``clf`` with a ``random_state``
         parameter gets the same.
     test_size : float, default 0.1
+        Fraction of each class tested (SPEC: 10 %); at least one run per class.
     positive : label, default 1
         The sufficient class: precision is reported for it (the headline).
 
@@ -86,8 +87,10 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     cm = np.zeros((2, 2), dtype=int)
     order = [c for c in classes if c != positive] + [positive]
     pooled_true, pooled_score = [], []
+    # a sweep so small that 10 % is fewer test runs than classes (e.g. 10 runs) gets one per class
+    split_size = test_size if np.ceil(test_size * y.size) >= classes.size else int(classes.size)
     for r in range(int(repeats)):
-        sss = StratifiedShuffleSplit(n_splits=1, test_size=test_size, random_state=seed + r)
+        sss = StratifiedShuffleSplit(n_splits=1, test_size=split_size, random_state=seed + r)
         train, test = next(sss.split(X, y))
         model = clone(clf)
         if "random_state" in model.get_params():

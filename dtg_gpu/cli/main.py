@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -21,18 +22,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    warnings.filterwarnings("default", module="dtg_gpu")
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("dtg: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError, RuntimeError) as exc:  # DTGError derives from these
-        print(f"dtg {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    from ..exceptions import DTGWarning
+
+    def show(message, category, *_args, **_kwargs):  # dtg_gpu's warnings, one line each
+        print(f"dtg {args.command}: warning: {_one_line(message)}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # libraries' deprecation notices are not ours
+        warnings.simplefilter("always", DTGWarning)
+        warnings.showwarning = show
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:
+            print("dtg: interrupted", file=sys.stderr)
+            return 130
+        except (ValueError, OSError, RuntimeError, KeyError, TypeError) as exc:  # DTGError derives from these
+            if os.environ.get("DTG_DEBUG"):
+                raise
+            print(f"dtg {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

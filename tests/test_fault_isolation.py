@@ -1,0 +1,134 @@
+"""One bad run never stops a sweep: it is named, its row is NaN, it is left out of training,
+and the rest is computed; ``strict`` turns it into an error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import dtg_gpu
+from dtg_gpu import CheckpointError, FailedRunsWarning
+from dtg_gpu.cli.main import main
+from dtg_gpu.demo import demo_config, run_demo
+from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
+from dtg_gpu.workflow import compare, featurize_sweep
+
+CFG = SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.02, 0.1), dropouts=(0.0, 0.5), seeds=2,
+                  epochs=2, checkpoint_every=10, checkpoint_unit="step")
+
+
+@pytest.fixture(scope="module")
+def clean_sweep(tmp_path_factory):
+    return run_sweep(CFG, tmp_path_factory.mktemp("fi") / "sweep", progress=False, device="cpu")
+
+
+def _files(folder):
+    return [folder / c["file"] for c in json.loads((folder / "run.json").read_text())["checkpoints"]]
+
+
+def tamper(sweep):
+    """run-0002: a truncated checkpoint; run-0003: diverged but finite (|w| ~ 1e17);
+    run-0004: complete, but its run.json names a model that does not exist."""
+    bad = _files(sweep / "run-0002")[1]
+    bad.write_bytes(bad.read_bytes()[:100])
+    for f in _files(sweep / "run-0003"):
+        save_file({k: v * 1e17 for k, v in load_file(f).items()}, str(f))
+    meta = json.loads((sweep / "run-0004" / "run.json").read_text())
+    meta["model"] = "foonet"
+    (sweep / "run-0004" / "run.json").write_text(json.dumps(meta))
+    return bad
+
+
+@pytest.fixture
+def bad_sweep(clean_sweep, tmp_path):
+    out = tmp_path / "sweep"
+    shutil.copytree(clean_sweep, out)
+    tamper(out)
+    return out
+
+
+def test_load_sweep_names_and_skips_an_unreadable_run(bad_sweep):
+    with pytest.warns(FailedRunsWarning, match="run-0004.*foonet") as rec:
+        runs = load_sweep(bad_sweep)
+    assert [r.name for r in runs] == [f"run-{i:04d}" for i in range(12) if i != 4]
+    assert set(runs.failed) == {"run-0004"}
+    assert rec[0].message.failures == runs.failed
+    with pytest.raises(CheckpointError, match="foonet"):
+        load_sweep(bad_sweep, strict=True)
+
+
+def test_featurize_isolates_a_corrupt_checkpoint(bad_sweep, clean_sweep):
+    with pytest.warns(FailedRunsWarning):
+        runs = load_sweep(bad_sweep)
+    with pytest.warns(FailedRunsWarning, match=r"run-0002.*ckpt") as rec:
+        X = dtg_gpu.featurize(runs, timesteps=3, device="cpu")
+    assert list(rec[0].message.failures) == ["run-0002"]
+    names = [r.name for r in runs]
+    i_bad, i_big = names.index("run-0002"), names.index("run-0003")
+    assert torch.isnan(X[i_bad]).all()
+    good = [i for i in range(len(runs)) if i != i_bad]
+    assert torch.isfinite(X[good]).all()   # the diverged-but-finite run solves like the others
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FailedRunsWarning)
+        clean = {r.name: r for r in load_sweep(clean_sweep)}
+    ref = dtg_gpu.featurize([clean[n] for n in names if n != "run-0002"], timesteps=3, device="cpu")
+    # scale-free: the run multiplied by 1e17 has the features of the clean run
+    np.testing.assert_allclose(X[good].numpy(), ref.numpy(), atol=2e-4, rtol=1e-3)
+    with pytest.raises(CheckpointError, match="run-0002"):
+        dtg_gpu.featurize(runs, timesteps=3, device="cpu", strict=True)
+
+
+def test_compare_leaves_failed_runs_out(bad_sweep):
+    with pytest.warns(FailedRunsWarning):
+        runs = load_sweep(bad_sweep)
+        sf = featurize_sweep(runs, device="cpu")
+    assert set(sf.failed) == {"run-0002", "run-0004"}
+    assert sf.usable.tolist() == [r.name != "run-0002" for r in sf.runs]
+    rows = compare(sf, [2], ["dtg", "weight_stats"], repeats=2)
+    assert {r["features"] for r in rows} == {"dtg", "weight_stats"}
+    assert all(np.isfinite(r["scores"]["accuracy"]["mean"]) for r in rows)
+
+
+def test_cli_goes_on_past_bad_runs_and_strict_stops(bad_sweep, tmp_path, capsys):
+    csv = tmp_path / "f.csv"
+    assert main(["featurize", str(bad_sweep), "--timesteps", "2", "--out", str(csv), "--device", "cpu"]) == 0
+    lines = csv.read_text().splitlines()
+    assert len(lines) == 1 + 11
+    bad_row = next(line for line in lines if line.startswith("run-0002,"))
+    assert bad_row.split(",")[2] == ""          # NaN features, written as empty fields
+    err = capsys.readouterr().err
+    assert "run-0002" in err and "run-0004" in err
+    assert main(["featurize", str(bad_sweep), "--timesteps", "2", "--out", str(csv), "--strict", "--device", "cpu"]) == 1
+    assert "foonet" in capsys.readouterr().err
+    pred = tmp_path / "p.safetensors"
+    assert main(["train", str(bad_sweep), "--timesteps", "2", "--out", str(pred), "--epochs", "20", "--device", "cpu"]) == 0
+    assert "trained on 10 runs" in capsys.readouterr().out
+    assert main(["evaluate", str(bad_sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu"]) == 0
+    assert "precision" in capsys.readouterr().out
+    assert main(["predict", str(pred), str(bad_sweep / "run-0001"), str(bad_sweep / "run-0002"),
+                 str(bad_sweep / "run-0004"), "--device", "cpu"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("run-0001\tP(sufficient)=0.") or out[0].startswith("run-0001\tP(sufficient)=1.")
+    assert "run-0002" in out[1] and out[1].endswith("failed")
+    assert "run-0004" in out[2] and "failed: " in out[2]
+
+
+@pytest.mark.slow
+def test_demo_finishes_on_a_sweep_with_bad_runs(tmp_path):
+    out = tmp_path / "demo"
+    run_sweep(demo_config(quick=True), out / "sweep", progress=False, device="cpu")
+    tamper(out / "sweep")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dtg_gpu.DTGWarning)
+        results = run_demo(out, quick=True, device="cpu", progress=False, repeats=2, echo=lambda *a: None)
+    assert set(results["failed_runs"]) == {"run-0002", "run-0004"}
+    page = (out / "report" / "index.html").read_text()
+    assert "Runs left out (2)" in page and "run-0002" in page and "foonet" in page
+    with pytest.raises(CheckpointError):
+        run_demo(out, quick=True, device="cpu", progress=False, repeats=2, echo=lambda *a: None, strict=True)
