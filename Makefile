@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dtg-installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test fuzz bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# 2,000 mutated inputs per target (checkpoints, run.json, sweep.json, predictor files): 12,000 cases
+fuzz: $(STAMP)
+	DTG_FUZZ_EXAMPLES=2000 DTG_FUZZ_RANDOM=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_centrality.py

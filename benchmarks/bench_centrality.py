@@ -31,7 +31,7 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dtg_gpu  # noqa: E402
-from dtg_gpu.engine import load_blocks, resolve_device  # noqa: E402
+from dtg_gpu.engine import load_blocks, resolve_device, scaled_blocks  # noqa: E402
 from dtg_gpu.graph import BlockOperator, graph_edges  # noqa: E402
 from dtg_gpu.centrality import solve_perron  # noqa: E402
 from dtg_gpu.models import build_model  # noqa: E402
@@ -114,8 +114,8 @@ def bench(name, model, t, device, nx_max_edges, nx_steps):
 
     def ours(method, dtype, tol, max_iter=20000, bipartite=None):
         torch_dtype = getattr(torch, dtype)
-        (blocks, _), t_load = timed(lambda: load_blocks(topo, ckpts, device, torch_dtype), sync)
-        op = BlockOperator(topo, blocks)
+        (blocks, _, scale), t_load = timed(lambda: scaled_blocks(topo, ckpts, device, torch_dtype), sync)
+        op = BlockOperator(topo, blocks, scale=scale)
         mask = torch.ones(t, topo.num_nodes, dtype=torch.bool, device=device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -140,6 +140,17 @@ def bench(name, model, t, device, nx_max_edges, nx_steps):
                          iterations=iters, max_abs_diff=diff, peak_mb=peak, floor_s=floor,
                          x_bandwidth_floor=dt / floor,
                          note=f"filter norms {t_load / t:.3f} s/graph not counted"))
+    # end to end, as a user calls it: filter norms, transposed copies, solve, statistics
+    run = dtg_gpu.Run(model=model, checkpoints=ckpts)
+    for dtype, tol in (("float32", 1e-6), ("float64", 1e-10)):
+        dtg_gpu.analyze(dtg_gpu.Run(model=model, checkpoints=ckpts[:1]), device=device,
+                        dtype=getattr(torch, dtype), tol=tol)   # warm-up (tracing is cached)
+        ana, dt = timed(lambda: dtg_gpu.analyze(run, device=device, dtype=getattr(torch, dtype), tol=tol), sync)
+        rows.append(dict(method="dtg analyze (end to end)", dtype=dtype, seconds=dt,
+                         iterations=float(ana.iterations.double().mean()),
+                         max_abs_diff=float(np.abs(ana.centrality.double().numpy() - refs).max()),
+                         peak_mb=rss_mb() if device.type == "cpu" else None,
+                         note="filter norms, transposed copies, solve and statistics all counted"))
     res_nx, dt_nx, _, diff_nx, peak = ours("networkx", "float64", 1e-6)
     nx_iters = float(res_nx.iterations.double().mean())
     rows.append(dict(method="dtg blocks networkx-steps", dtype="float64", seconds=dt_nx,

@@ -11,7 +11,7 @@ import torch
 from .centrality import Method, attainable_tol
 from .checkpoints import Run
 from .engine import READ_ERRORS, load_blocks, resolve_device, solve_timesteps
-from .exceptions import CheckpointError, FailedRunsWarning, InsufficientCheckpointsError
+from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
 from .features import check_alpha, temporal_features
 from .graph import to_networkx as _to_networkx, to_pyg
 from .statistics import STATISTICS, layer_node_groups, layer_statistics, timestep_statistics
@@ -270,6 +270,10 @@ def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None
     k = len(shortest) if timesteps is None else timesteps
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"timesteps must be a positive integer, got {timesteps!r}")
+    if timesteps is None and len(max(runs, key=len)) != k:
+        warnings.warn(f"runs have {k} to {len(max(runs, key=len))} checkpoints; using the first {k} of "
+                      f"each (run {shortest.name!r} is the shortest): pass timesteps= to choose",
+                      DTGWarning, stacklevel=3)
     short = [r for r in runs if len(r) < k]
     if short:
         raise InsufficientCheckpointsError(

@@ -9,6 +9,7 @@ __all__ = [
     "TopologyError",
     "InsufficientCheckpointsError",
     "DatasetNotFoundError",
+    "SweepLockedError",
     "DTGWarning",
     "ConvergenceWarning",
     "NonFiniteWeightsWarning",
@@ -44,6 +45,10 @@ class InsufficientCheckpointsError(DTGError, ValueError):
 
 class DatasetNotFoundError(DTGError, FileNotFoundError):
     """A dataset is not under the data root; the message says where we looked."""
+
+
+class SweepLockedError(DTGError, RuntimeError):
+    """Another process holds the sweep folder's lock (it is training the same sweep)."""
 
 
 class DTGWarning(UserWarning):

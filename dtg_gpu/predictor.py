@@ -184,6 +184,12 @@ def _one_thread(device: torch.device):
         torch.set_num_threads(threads)
 
 
+def architecture_signature(topology) -> list:
+    """``[[param, [weight shape]], ...]`` of a channel topology's weight layers, in forward
+    order: what a saved predictor records about the runs it was trained on."""
+    return [[layer.param, list(layer.weight_shape)] for layer in topology.layers]
+
+
 def _mlp(n_in: int, hidden: Sequence[int], n_out: int) -> torch.nn.Sequential:
     layers: list[torch.nn.Module] = []
     width = n_in
@@ -407,19 +413,42 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         diverged run (non-finite weights) is insufficient by rule, as in :meth:`predict_proba`.
         """
         from .analysis import featurize_with_failures, warn_failures
+        from .engine import READ_ERRORS
 
         fs = self.feature_settings or {}
         if "timesteps" not in fs or "alpha" not in fs:
             raise ValueError("this predictor has no feature_settings (alpha, timesteps): "
                              "featurise the runs yourself and call predict_proba")
+        k, alpha = fs["timesteps"], fs["alpha"]
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"this predictor's feature_settings.timesteps is not a positive integer: {k!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+            raise ValueError(f"this predictor's feature_settings.alpha is not in (0, 1]: {alpha!r}")
         runs = list(runs)
-        X, _, failures = featurize_with_failures(
-            runs, timesteps=int(fs["timesteps"]), alpha=float(fs["alpha"]),
-            device=device, tol=float(fs.get("tol", 1e-6)),
-            method=fs.get("method", "auto"), eigenvalue=bool(fs.get("eigenvalue", False)),
-            per_layer=bool(fs.get("per_layer", False)), strict=strict)
+        failures: dict[str, str] = {}
+        arch = fs.get("architecture")
+        if arch is not None:   # trained on one architecture: refuse runs of another, by name
+            for r in runs:
+                try:
+                    sig = architecture_signature(r.topology)
+                except READ_ERRORS:
+                    continue   # featurize reports it
+                if sig != arch:
+                    why = (f"its architecture ({len(sig)} weight layers, first {sig[0] if sig else None}) is "
+                           f"not the predictor's ({len(arch)} weight layers, first {arch[0] if arch else None})")
+                    if strict:
+                        raise ValueError(f"run {r.name!r}: {why}")
+                    failures[r.name] = why
+        todo_idx = [i for i, r in enumerate(runs) if r.name not in failures]
+        proba = np.full((len(runs), len(self.classes_)), np.nan)
+        if todo_idx:
+            X, _, more = featurize_with_failures(
+                [runs[i] for i in todo_idx], timesteps=k, alpha=float(alpha), device=device, tol=float(fs.get("tol", 1e-6)),
+                method=fs.get("method", "auto"), eigenvalue=bool(fs.get("eigenvalue", False)),
+                per_layer=bool(fs.get("per_layer", False)), strict=strict)
+            failures.update(more)
+            proba[todo_idx] = self.predict_proba(X.double().numpy())
         warn_failures(failures, stacklevel=2)
-        proba = self.predict_proba(X.double().numpy())
         proba[[r.name in failures for r in runs]] = np.nan
         return proba
 
@@ -442,40 +471,120 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             params["random_state"] = None
         meta = {"format": "dtg_gpu.PerformancePredictor/1", "params": params,
                 "classes": self.classes_.tolist(), "n_features_in": int(self.n_features_in_)}
-        tmp = f"{os.fspath(path)}.tmp"
-        save_file(tensors, tmp, metadata={"dtg_predictor": json.dumps(meta)})
-        os.replace(tmp, path)
+        from ._files import atomic_write
+
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"dtg_predictor": json.dumps(meta)}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PerformancePredictor":
-        """Read a predictor written by :meth:`save` (no pickle, no code)."""
-        from safetensors import safe_open
+        """Read a predictor written by :meth:`save` (no pickle, no code), validated.
+
+        Predictor files are untrusted: every field is checked before it is used, and the
+        network's shapes against the tensors the file holds before anything is built, so a
+        tampered file is refused with one line instead of predicting nonsense.
+
+        Raises
+        ------
+        CheckpointError
+            Not a predictor file, or a field that is missing, malformed or inconsistent
+            (the message names the file and the field).
+        """
+        from safetensors import SafetensorError, safe_open
 
         from .exceptions import CheckpointError
 
+        def bad(what: str) -> CheckpointError:
+            return CheckpointError(f"{path}: not a valid dtg_gpu predictor file: {what}")
+
         try:
             with safe_open(os.fspath(path), framework="pt") as f:
-                meta = json.loads((f.metadata() or {})["dtg_predictor"])
+                raw = (f.metadata() or {}).get("dtg_predictor")
+                if raw is None:
+                    raise bad("no 'dtg_predictor' metadata")
+                meta = json.loads(raw)
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as exc:  # corrupt file, not ours, missing
-            raise CheckpointError(f"{path}: not a dtg_gpu predictor file: {exc}") from None
-        params = meta["params"]
-        params["hidden_sizes"] = tuple(params["hidden_sizes"])
-        clf = cls(**params)
-        clf.classes_ = np.array(meta["classes"])
-        clf.n_features_in_ = meta["n_features_in"]
-        clf.mean_ = tensors["mean"].numpy()
-        clf.scale_ = tensors["scale"].numpy()
+        except CheckpointError:
+            raise
+        except (SafetensorError, OSError, ValueError, TypeError, RuntimeError, RecursionError) as exc:
+            raise bad(" ".join(str(exc).split()) or type(exc).__name__) from None
+        clf = cls._from_parts(meta, tensors, bad)
+        return clf
+
+    @classmethod
+    def _from_parts(cls, meta: Any, tensors: dict, bad) -> "PerformancePredictor":
+        if not isinstance(meta, dict) or meta.get("format") != "dtg_gpu.PerformancePredictor/1":
+            raise bad("unknown format")
+        params = meta.get("params")
+        known = set(cls().get_params())
+        if not isinstance(params, dict) or not set(params) <= known:
+            raise bad(f"params must be an object with keys among {sorted(known)}")
+        hidden = params.get("hidden_sizes", (32,))
+        if not isinstance(hidden, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                   and 1 <= h <= 65536 for h in hidden):
+            raise bad(f"hidden_sizes must be a list of integers in [1, 65536], got {hidden!r}")
+        params["hidden_sizes"] = tuple(hidden)
+        if params.get("feature_settings") is not None and not isinstance(params["feature_settings"], dict):
+            raise bad("feature_settings must be an object")
+        try:
+            clf = cls(**params)
+            clf._check_params()
+        except (ValueError, TypeError) as exc:
+            raise bad(str(exc)) from None
+        classes = meta.get("classes")
+        if (not isinstance(classes, list) or len(classes) < 2 or len(set(map(repr, classes))) != len(classes)
+                or not all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in classes)):
+            raise bad(f"classes must list at least two distinct labels, got {classes!r}")
+        d = meta.get("n_features_in")
+        if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= 10_000_000:
+            raise bad(f"n_features_in must be a positive integer, got {d!r}")
+
+        def vector(name: str, positive: bool = False) -> np.ndarray:
+            t = tensors.get(name)
+            if t is None or tuple(t.shape) != (d,) or not t.is_floating_point():
+                raise bad(f"{name!r} must be a float vector of {d} values")
+            v = t.double().numpy()
+            if not np.isfinite(v).all() or (positive and not (v > 0).all()):
+                raise bad(f"{name!r} holds {'non-positive or ' if positive else ''}non-finite values")
+            return v
+
+        clf.classes_ = np.array(classes)
+        clf.n_features_in_ = d
+        clf.mean_ = vector("mean")
+        clf.scale_ = vector("scale", positive=True)
+        expected = {"mean", "scale"}
         if clf.scaling == "quantile":
-            if "quantiles" not in tensors:
-                raise CheckpointError(f"{path}: a quantile-scaled predictor without its quantiles")
-            clf.quantiles_ = tensors["quantiles"].numpy()
-        if clf.select is not None and "selected" not in tensors:
-            raise CheckpointError(f"{path}: a predictor with select={clf.select} without its selected features")
-        clf.selected_ = tensors["selected"].numpy() if "selected" in tensors else np.arange(clf.n_features_in_)
-        n_out = 1 if len(clf.classes_) == 2 else len(clf.classes_)
-        clf.network_ = _mlp(clf.selected_.size, clf.hidden_sizes, n_out)
-        clf.network_.load_state_dict({k[len("network."):]: v for k, v in tensors.items()
-                                      if k.startswith("network.")})
+            q = tensors.get("quantiles")
+            if q is None or q.dim() != 2 or q.shape[1] != d or q.shape[0] < 1:
+                raise bad(f"a quantile-scaled predictor needs 'quantiles' of shape [n, {d}]")
+            qn = q.double().numpy()
+            if not np.isfinite(qn).all() or (np.diff(qn, axis=0) < 0).any():
+                raise bad("'quantiles' must be finite and non-decreasing down each column")
+            clf.quantiles_ = qn
+            expected.add("quantiles")
+        sel = tensors.get("selected")
+        if clf.select is not None:
+            if sel is None or sel.dim() != 1 or sel.dtype != torch.int64:
+                raise bad(f"a predictor with select={clf.select} needs its 'selected' features (int64)")
+            s = sel.numpy()
+            if s.size != min(int(clf.select), d) or (s.size and (s.min() < 0 or s.max() >= d)) or (np.diff(s) <= 0).any():
+                raise bad("'selected' must be increasing feature indices within range")
+            clf.selected_ = s
+            expected.add("selected")
+        else:
+            clf.selected_ = np.arange(d)
+        n_out = 1 if len(classes) == 2 else len(classes)
+        widths = [int(clf.selected_.size), *clf.hidden_sizes, n_out]
+        shapes = {}
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            shapes[f"network.{2 * i}.weight"], shapes[f"network.{2 * i}.bias"] = (b, a), (b,)
+        for k, shape in shapes.items():
+            t = tensors.get(k)
+            if t is None or tuple(t.shape) != shape or not t.is_floating_point() or not torch.isfinite(t).all():
+                raise bad(f"{k!r} must be a finite float tensor of shape {list(shape)}")
+        extra = set(tensors) - expected - set(shapes)
+        if extra:
+            raise bad(f"unexpected tensors {sorted(extra)[:5]}")
+        clf.network_ = _mlp(clf.selected_.size, clf.hidden_sizes, n_out)   # sizes checked against the file
+        clf.network_.load_state_dict({k[len("network."):]: tensors[k].float() for k in shapes})
         clf.network_.eval()
         return clf

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .statistics import STATISTICS
-from .sweeps import atomic_write
+from ._files import atomic_write
 
 __all__ = ["write_report", "results_table"]
 
@@ -35,7 +35,7 @@ def plot_statistics(sf, path: Path) -> None:
         ax.set_xlabel("checkpoint")
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, 1))
     fig.colorbar(sm, ax=axes, label="final test accuracy")
-    fig.savefig(path, dpi=90)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     plt.close(fig)
 
 
@@ -58,7 +58,7 @@ def plot_vs_k(rows: Sequence[dict], path: Path) -> None:
         ax.set_title(f"{metric.replace('roc_auc', 'ROC AUC')} vs how early we predict (95 % CI)")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
-    fig.savefig(path, dpi=90)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     plt.close(fig)
 
 
@@ -81,7 +81,7 @@ def plot_roc_confusion(row: dict, path: Path) -> None:
     b.set_xlabel("predicted")
     b.set_ylabel("true")
     b.set_title(f"confusion matrix, summed over {s['repeats']} splits")
-    fig.savefig(path, dpi=90)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     plt.close(fig)
 
 
@@ -97,7 +97,7 @@ def plot_layer_centrality(result, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_title(f"centrality per layer, {title} checkpoint ({result.run.name})")
     axes[0].set_ylabel("eigenvector centrality")
-    fig.savefig(path, dpi=90)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     plt.close(fig)
 
 

@@ -9,6 +9,7 @@ at any moment loses no completed run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import shutil
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,11 +25,11 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .checkpoints import Run
+from .checkpoints import Run, read_manifest
 from .data import Dataset, load_dataset
 from .engine import resolve_device
-from ._files import atomic_write
-from .exceptions import DTGWarning
+from ._files import atomic_write, confined_path
+from .exceptions import CheckpointError, DTGWarning, SweepLockedError
 from .grouped import GroupedSequential, sequential_layers
 from .models import build_model
 
@@ -52,13 +54,38 @@ class SweepConfig:
     model_kwargs: dict = field(default_factory=dict)
 
     def validate(self) -> None:
-        if not self.lrs or any(not (lr > 0) for lr in self.lrs):
-            raise ValueError(f"learning rates must be positive, got {list(self.lrs)}")
-        if not self.dropouts or any(not 0 <= d < 1 for d in self.dropouts):
+        """Check every field before anything is written (a typo never touches the folder).
+
+        Raises
+        ------
+        ValueError
+            The field and the value that is wrong.
+        """
+        from .data import DATASETS
+        from .models import MODELS
+
+        def real(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+        if not isinstance(self.model, str) or self.model.lower().replace("-", "").replace("_", "") not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if not isinstance(self.dataset, str) or self.dataset.lower().replace("-", "").replace("_", "") not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        if not self.lrs or any(not (real(lr) and lr > 0) for lr in self.lrs):
+            raise ValueError(f"learning rates must be positive finite numbers, got {list(self.lrs)}")
+        if not self.dropouts or any(not (real(d) and 0 <= d < 1) for d in self.dropouts):
             raise ValueError(f"dropout rates must be in [0, 1), got {list(self.dropouts)}")
         for name in ("seeds", "epochs", "checkpoint_every", "batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not (real(self.momentum) and 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not isinstance(self.model_kwargs, dict):
+            raise ValueError(f"model_kwargs must be a dict, got {type(self.model_kwargs).__name__}")
+        if self.checkpoint_unit == "epoch" and self.checkpoint_every > self.epochs:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} epochs is longer than the run "
+                             f"({self.epochs} epochs): no checkpoint would be saved")
         if self.checkpoint_unit not in ("epoch", "step"):
             raise ValueError(f"checkpoint_unit must be 'epoch' or 'step', got {self.checkpoint_unit!r}")
         if self.optimizer not in ("sgd", "adam"):
@@ -73,12 +100,22 @@ def _write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
 
 
-def _save_state(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Write a state dict as safetensors, atomically."""
+def _save_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
+    """Write a state dict as safetensors, atomically; returns its size and SHA-256, which
+    ``run.json`` records so that a resumed sweep or a reader can tell a damaged file."""
     from safetensors.torch import save_file
 
     cpu = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
     atomic_write(path, lambda tmp: save_file(cpu, str(tmp)))
+    return _file_identity(path)
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -89,6 +126,9 @@ def _run_meta(cfg: SweepConfig, name: str, model_kwargs: dict, point: dict[str, 
               checkpoints: list[dict[str, Any]], test_acc: float, test_loss: float,
               diverged: bool, seconds: float) -> dict[str, Any]:
     """The content of a finished run's ``run.json``."""
+    if not checkpoints:
+        raise ValueError(f"{name}: training saved no checkpoint (checkpoint_every={cfg.checkpoint_every} "
+                         f"{cfg.checkpoint_unit}s is longer than the run); nothing is recorded as complete")
     return {"name": name, "model": cfg.model, "model_kwargs": model_kwargs, "dataset": cfg.dataset,
             "lr": point["lr"], "dropout": point["dropout"], "seed": point["seed"],
             "epochs": int(cfg.epochs), "optimizer": cfg.optimizer, "batch_size": int(cfg.batch_size),
@@ -100,9 +140,9 @@ def _run_meta(cfg: SweepConfig, name: str, model_kwargs: dict, point: dict[str, 
 
 
 def _checkpoint_record(name: str, epoch: int, step: int, val_acc: float, val_loss: float,
-                       train_loss: float) -> dict[str, Any]:
+                       train_loss: float, identity: dict[str, Any]) -> dict[str, Any]:
     return {"file": name, "epoch": epoch, "step": step, "val_accuracy": val_acc,
-            "val_loss": _finite_or_none(val_loss), "train_loss": _finite_or_none(train_loss)}
+            "val_loss": _finite_or_none(val_loss), "train_loss": _finite_or_none(train_loss), **identity}
 
 
 @torch.no_grad()
@@ -139,8 +179,8 @@ def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path
     def checkpoint(epoch: int) -> None:
         acc, vloss = _evaluate(model, xva, yva)
         name = f"ckpt-{len(checkpoints) + 1:04d}.safetensors"
-        _save_state(model.state_dict(), folder / name)
-        checkpoints.append(_checkpoint_record(name, epoch, step, acc, vloss, train_loss))
+        identity = _save_state(model.state_dict(), folder / name)
+        checkpoints.append(_checkpoint_record(name, epoch, step, acc, vloss, train_loss, identity))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
@@ -228,9 +268,9 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
         train_losses = last_loss.tolist()
         for j in range(m):
             name = f"ckpt-{len(records[j]) + 1:04d}.safetensors"
-            _save_state(net.state(j), folders[j] / name)
+            identity = _save_state(net.state(j), folders[j] / name)
             records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j],
-                                                 train_losses[j]))
+                                                 train_losses[j], identity))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
@@ -302,11 +342,41 @@ def tune_cpu_malloc() -> bool:
 
 
 def _is_complete(folder: Path) -> bool:
+    """A run folder is complete when its ``run.json`` says so and every checkpoint it lists
+    is there, inside the folder, with the size recorded (a truncated file is not complete)."""
+    return _state_of(folder) == "complete"
+
+
+def _state_of(folder: Path) -> str:
+    """``"complete"``, ``"unfinished"`` (no ``run.json`` saying complete: training stopped),
+    or why a run that ``run.json`` calls complete is damaged (a file missing, outside the
+    folder, or not of the size recorded)."""
     try:
-        meta = json.loads((folder / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return bool(meta.get("complete")) and all((folder / c["file"]).is_file() for c in meta["checkpoints"])
+        meta = read_manifest(folder / "run.json")
+    except CheckpointError:
+        return "unfinished"
+    if not isinstance(meta, dict) or meta.get("complete") is not True:
+        return "unfinished"
+    cps = meta.get("checkpoints")
+    if not isinstance(cps, list) or not cps:
+        return f"{folder / 'run.json'}: complete but lists no checkpoints"
+    for i, c in enumerate(cps):
+        if not isinstance(c, dict):
+            return f"{folder / 'run.json'}: checkpoints[{i}] is not an object"
+        try:
+            f = confined_path(folder, c.get("file"), what=f"{folder / 'run.json'}: checkpoints[{i}].file")
+        except CheckpointError as exc:
+            return str(exc)
+        try:
+            size = f.stat().st_size if f.is_file() else None
+        except OSError:
+            size = None
+        if size is None:
+            return f"{f}: checkpoint file missing"
+        if "bytes" in c and c["bytes"] != size:
+            return (f"{f}: {size} bytes, run.json recorded {c['bytes']} (damaged or truncated; "
+                    "rerun the sweep to retrain the run)")
+    return "complete"
 
 
 def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None = None,
@@ -343,8 +413,9 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
         The dataset is not under ``data_root``.
     """
     cfg.validate()
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     grid = cfg.grid()
     names = [f"run-{i:04d}" for i in range(len(grid))]
     manifest = {"format": "dtg_gpu.sweep/1", "config": asdict(cfg), "runs": names,
@@ -353,18 +424,78 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
     manifest["config"]["lrs"] = list(map(float, cfg.lrs))
     manifest["config"]["dropouts"] = list(map(float, cfg.dropouts))
     path = out / "sweep.json"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder")
     if path.is_file():
-        old = json.loads(path.read_text())
-        if old.get("config") != manifest["config"]:
-            raise ValueError(f"{out} already holds a different sweep (sweep.json differs); "
-                             "choose another --out folder")
-    else:
-        _write_json(path, manifest)
-    todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name)]
-    if not todo:
-        return out
+        _check_same_sweep(out, path, manifest)
+        if all(_is_complete(out / name) for name in names):
+            return out
     ds = dataset or load_dataset(cfg.dataset, data_root, download)
+    _check_trainable(cfg, ds)
     dev = resolve_device(device)
+    out.mkdir(parents=True, exist_ok=True)
+    with _sweep_lock(out):
+        if path.is_file():   # another process may have written it since
+            _check_same_sweep(out, path, manifest)
+        _write_json(path, manifest)
+        # under the lock: what is complete now is final; only unfinished folders are redone
+        todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name)]
+        if todo:
+            _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size)
+    return out
+
+
+def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
+    """``out`` may hold this sweep (resume) or nothing trained yet; never a different one."""
+    old = read_manifest(path)
+    if isinstance(old, dict) and old.get("config") == manifest["config"]:
+        return
+    started = any((out / n).exists() for n in (old.get("runs", []) if isinstance(old, dict) else [])
+                  if isinstance(n, str) and "/" not in n and n not in ("", ".", ".."))
+    if started:
+        raise ValueError(f"{out} already holds a different sweep (sweep.json differs); "
+                         "choose another --out folder")
+
+
+def _check_trainable(cfg: SweepConfig, ds: Dataset) -> None:
+    """What needs the dataset: the model builds with these kwargs, and a run saves a checkpoint."""
+    try:
+        with torch.device("meta"):
+            build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels,
+                        dropout=0.0, **cfg.model_kwargs)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"cannot build {cfg.model!r} with model_kwargs {cfg.model_kwargs}: {exc}") from None
+    steps = cfg.epochs * -(-len(ds.train[0]) // cfg.batch_size)
+    total = steps if cfg.checkpoint_unit == "step" else cfg.epochs
+    if cfg.checkpoint_every > total:
+        raise ValueError(f"checkpoint_every={cfg.checkpoint_every} {cfg.checkpoint_unit}s is longer than "
+                         f"the run ({total} {cfg.checkpoint_unit}s): no checkpoint would be saved")
+
+
+@contextmanager
+def _sweep_lock(out: Path):
+    """An exclusive OS lock on the sweep folder for the whole training: it dies with the
+    process (a killed sweep never blocks its restart), and a second ``dtg sweep`` on the
+    same folder is refused instead of deleting the first one's runs."""
+    try:
+        import fcntl
+    except ImportError:   # not POSIX: no lock
+        yield
+        return
+    lock = out / ".dtg-sweep.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SweepLockedError(f"{out}: another process is training this sweep (it holds {lock.name}); "
+                                   "wait for it to finish, or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size) -> None:
     if dev.type == "cpu":
         tune_cpu_malloc()
     bar = None
@@ -382,8 +513,10 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
         for batch in batches:
             folders = [out / name for name, _ in batch]
             for folder in folders:
-                if folder.exists():
-                    shutil.rmtree(folder)  # unfinished: start it again from scratch
+                if folder.is_symlink() or folder.is_file():
+                    folder.unlink()
+                elif folder.exists():
+                    shutil.rmtree(folder)  # unfinished or damaged (checked under the lock): redo it
                 folder.mkdir()
             if len(batch) > 1:
                 metas = train_group(cfg, ds, [p for _, p in batch], folders, dev, progress=progress)
@@ -396,7 +529,6 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
     finally:
         if bar is not None:
             bar.close()
-    return out
 
 
 class SweepRuns(list):
@@ -427,6 +559,9 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
     ------
     FileNotFoundError
         No ``sweep.json`` in ``path``.
+    CheckpointError
+        ``sweep.json`` is not valid (not JSON, no ``runs`` list, a run name that leads
+        outside the folder); the message names the file and the field.
     """
     from .analysis import warn_failures
     from .engine import READ_ERRORS
@@ -435,12 +570,23 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
     manifest = path / "sweep.json"
     if not manifest.is_file():
         raise FileNotFoundError(f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)?")
-    names = json.loads(manifest.read_text())["runs"]
-    done = [n for n in names if _is_complete(path / n)]
-    if len(done) < len(names):
-        warnings.warn(f"{path}: {len(names) - len(done)} of {len(names)} runs are unfinished "
+    meta = read_manifest(manifest)
+    if not isinstance(meta, dict) or not isinstance(meta.get("runs"), list):
+        raise CheckpointError(f"{manifest}: expected an object with a list 'runs' of run folder names")
+    names = meta["runs"]
+    for i, n in enumerate(names):   # every run folder inside the sweep folder, by name
+        confined_path(path, n, what=f"{manifest}: runs[{i}]")
+        if not isinstance(n, str) or "/" in n or "\\" in n or n in (".", ".."):
+            raise CheckpointError(f"{manifest}: runs[{i}] must be a folder name inside {path}, got {n!r}")
+    states = {n: _state_of(path / n) for n in names}
+    done = [n for n in names if states[n] == "complete"]
+    unfinished = [n for n in names if states[n] == "unfinished"]
+    if unfinished:
+        warnings.warn(f"{path}: {len(unfinished)} of {len(names)} runs are unfinished "
                       "and skipped; rerun the sweep to complete them", DTGWarning, stacklevel=2)
-    runs = SweepRuns()
+    runs = SweepRuns(failed={n: why for n, why in states.items() if why not in ("complete", "unfinished")})
+    if runs.failed and strict:
+        raise CheckpointError(next(iter(runs.failed.values())))
     for n in done:
         try:
             runs.append(Run.from_dir(path / n))

@@ -22,7 +22,10 @@ from .features import temporal_features
 from .predictor import PerformancePredictor, label_runs
 from .statistics import layer_node_groups
 
-__all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare"]
+__all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "FEATURE_SETS"]
+
+FEATURE_SETS = ("dtg", "weight_stats", "spectral", "dtg+weight_stats", "dtg+eigenvalue", "dtg_per_layer",
+                "dtg_per_layer+eigenvalue", "learning_curve")
 
 
 @dataclass

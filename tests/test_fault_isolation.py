@@ -33,10 +33,12 @@ def _files(folder):
 
 
 def tamper(sweep):
-    """run-0002: a truncated checkpoint; run-0003: diverged but finite (|w| ~ 1e17);
+    """run-0002: a corrupt checkpoint (same size); run-0003: diverged but finite (|w| ~ 1e17);
     run-0004: complete, but its run.json names a model that does not exist."""
     bad = _files(sweep / "run-0002")[1]
-    bad.write_bytes(bad.read_bytes()[:100])
+    data = bytearray(bad.read_bytes())
+    data[:8] = b"\xff" * 8          # the header length: corrupt, same size
+    bad.write_bytes(bytes(data))
     for f in _files(sweep / "run-0003"):
         save_file({k: v * 1e17 for k, v in load_file(f).items()}, str(f))
     meta = json.loads((sweep / "run-0004" / "run.json").read_text())

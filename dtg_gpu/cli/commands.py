@@ -14,7 +14,8 @@ def _device(p: argparse.ArgumentParser) -> None:
 
 
 def _features(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timesteps", "-k", type=int, default=None, help="use the first k checkpoints (default: all)")
+    p.add_argument("--timesteps", "-k", type=_positive_int, default=None,
+                   help="use the first k checkpoints (default: all)")
     p.add_argument("--alpha", type=float, default=0.5, help="temporal reinforcement in (0, 1] (default 0.5)")
     _device(p)
 
@@ -58,6 +59,17 @@ def _sweep_features(a, runs):
         names += [f"{layer}:{s}" for layer, _ in layer_node_groups(first.topology) for s in STATISTICS]
     names += ["log_eigenvalue"] if a.eigenvalue else []
     return X, names, X.shape[1] // len(names), usable
+
+
+def _json_safe(obj):
+    """NaN and ±Inf as null: JSON has no such numbers (``json.dumps`` would print bare NaN)."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 def _command(name: str, help: str, configure, run):
@@ -143,7 +155,7 @@ def _analyze_run(a) -> int:
     res = analyze(Run.from_dir(a.run), alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype),
                   tol=a.tol, method=a.method)
     if a.json:
-        print(json.dumps(res.to_dict(), indent=2))
+        print(json.dumps(_json_safe(res.to_dict()), indent=2, allow_nan=False))
     else:
         import pandas as pd
 
@@ -171,13 +183,17 @@ def _featurize_args(p):
 def _featurize_run(a) -> int:
     import pandas as pd
 
+    from .._files import atomic_write
+
+    _writable(a.out)
+
     runs = _load_sweep(a)
     X, names, k, _ = _sweep_features(a, runs)
     cols = [f"{s}_t{t + 1}" for t in range(k) for s in names]
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])
-    df.to_csv(a.out, index=False)
+    atomic_write(a.out, lambda tmp: df.to_csv(tmp, index=False))
     print(f"{len(runs)} runs x {X.shape[1]} features -> {a.out}")
     return 0
 
@@ -218,6 +234,15 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _writable(out: str) -> None:
+    """Fail before any work when the output's folder does not exist."""
+    from pathlib import Path
+
+    folder = Path(out).resolve().parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: folder does not exist (for --out {out})")
+
+
 def torch_index(mask: np.ndarray):
     """A NumPy boolean mask as a torch index."""
     import torch
@@ -233,7 +258,9 @@ def _threshold(text: str):
 
 
 def _train_run(a) -> int:
-    from ..predictor import PerformancePredictor, label_runs
+    from ..predictor import PerformancePredictor, architecture_signature, label_runs
+
+    _writable(a.out)
 
     runs = _load_sweep(a)
     label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
@@ -243,7 +270,8 @@ def _train_run(a) -> int:
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
     clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, scaling=a.scaling, select=a.select, feature_settings={
         "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
-        "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer)})
+        "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer),
+        "architecture": architecture_signature(runs[0].topology)})
     clf.fit(X.double().numpy(), y)
     clf.save(a.out)
     print(f"trained on {len(runs)} runs ({int(y.sum())} sufficient), k={k}: {a.out}")
@@ -308,14 +336,23 @@ def _evaluate_run(a) -> int:
     from ..report import results_table
     from ..workflow import compare, featurize_sweep
 
+    from ..workflow import FEATURE_SETS
+
+    unknown = [f for f in a.features if f not in FEATURE_SETS]
+    if unknown:
+        raise ValueError(f"unknown feature set(s) {unknown}; choose from {', '.join(FEATURE_SETS)}")
     sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict)
     k = a.timesteps or sf.timesteps
+    if k > sf.timesteps:
+        from ..exceptions import InsufficientCheckpointsError
+
+        raise InsufficientCheckpointsError(f"--timesteps {k}: the sweep's runs have only {sf.timesteps} checkpoints")
     rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
                    clf=PerformancePredictor(scaling=a.scaling, select=a.select))
     if a.json:
-        print(json.dumps([{"features": r["features"], "k": r["k"],
-                           **{m: r["scores"][m] for m in METRICS}}
-                          for r in rows], indent=2))
+        print(json.dumps(_json_safe([{"features": r["features"], "k": r["k"],
+                                      **{m: r["scores"][m] for m in METRICS}}
+                                     for r in rows]), indent=2, allow_nan=False))
     else:
         print(results_table(rows))
     return 0
