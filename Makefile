@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dtg-installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test fuzz bench clean
+.PHONY: install demo test docs fuzz bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q -d site
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 # 2,000 mutated inputs per target (checkpoints, run.json, sweep.json, predictor files): 12,000 cases
 fuzz: $(STAMP)
@@ -33,4 +37,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_sweep.py
 
 clean:
-	rm -rf $(VENV) demo-out report .pytest_cache
+	rm -rf $(VENV) demo-out report site .pytest_cache

@@ -29,7 +29,7 @@ from ._files import confined_path
 from .exceptions import CheckpointError, UnsafeCheckpointError
 from .topology import ChannelTopology, channel_topology
 
-__all__ = ["Run", "load_state_dict", "load_weights", "checkpoint_shapes", "read_manifest",
+__all__ = ["Run", "unwrap_model", "load_state_dict", "load_weights", "checkpoint_shapes", "read_manifest",
            "CHECKPOINT_SUFFIXES"]
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin")
@@ -170,8 +170,15 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
         names the refused global).
     """
     path = Path(path)
+    if path.is_dir():   # a Hugging Face Trainer checkpoint-N folder
+        weights = _hf_weights(path)
+        if weights is None:
+            raise CheckpointError(f"{path}: a folder without {' or '.join(HF_WEIGHTS)}")
+        return load_state_dict(weights, keys)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint file not found")
+    if path.name.endswith(".index.json"):
+        return _load_sharded(path, keys)
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         from safetensors import safe_open
@@ -190,11 +197,40 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
     return _tensors_of(_read_pickled_state(path), path)
 
 
+def _load_sharded(index: Path, keys: Iterable[str] | None) -> dict[str, torch.Tensor]:
+    """A sharded checkpoint: ``weight_map`` names the shard (inside the folder) of each tensor."""
+    meta = read_manifest(index)
+    wmap = meta.get("weight_map") if isinstance(meta, dict) else None
+    if not isinstance(wmap, dict) or not all(isinstance(k, str) for k in wmap):
+        raise CheckpointError(f"{index}: expected an object with a 'weight_map' of tensor names to shard files")
+    wanted = list(wmap) if keys is None else [k for k in keys if k in wmap]
+    shards: dict[Path, list[str]] = {}
+    for k in wanted:
+        shard = confined_path(index.parent, wmap[k], what=f"{index}: weight_map[{k!r}]")
+        shards.setdefault(shard, []).append(k)
+    out: dict[str, torch.Tensor] = {}
+    for shard, names in shards.items():
+        got = load_state_dict(shard, names)
+        out.update({k: got[k] for k in names if k in got})
+    return out
+
+
 def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the tensors of a checkpoint file, read from its header where
     the format has one (safetensors; zip ``torch.save`` files are memory-mapped), so that a
     model can be checked against the file before anything is allocated for it."""
     path = Path(path)
+    if path.is_dir() and _hf_weights(path) is not None:
+        path = _hf_weights(path)
+    if path.name.endswith(".index.json"):   # every shard's header
+        meta = read_manifest(path)
+        wmap = meta.get("weight_map") if isinstance(meta, dict) else None
+        if not isinstance(wmap, dict):
+            raise CheckpointError(f"{path}: expected an object with a 'weight_map' of tensor names to shard files")
+        out: dict[str, tuple[int, ...]] = {}
+        for shard in dict.fromkeys(wmap.values()):
+            out.update(checkpoint_shapes(confined_path(path.parent, shard, what=f"{path}: weight_map")))
+        return out
     if path.suffix.lower() == ".safetensors":
         from safetensors import safe_open
 
@@ -303,16 +339,60 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+              "pytorch_model.bin.index.json")
+
+
+def _hf_weights(folder: Path) -> Path | None:
+    """The weights file of a Hugging Face Trainer ``checkpoint-N`` folder, if any."""
+    return next((folder / n for n in HF_WEIGHTS if (folder / n).is_file()), None)
+
+
+def _lightning_position(path: Path) -> tuple[int, int]:
+    """``(epoch, global_step)`` recorded inside a Lightning ``.ckpt`` (read memory-mapped,
+    tensors untouched)."""
+    import torch.serialization as ts
+
+    try:
+        with ts.safe_globals(_harmless_globals()):
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError:
+        obj = _read_pickled_state(path)   # raises the precise error
+    except Exception as exc:
+        raise CheckpointError(f"{path}: not a readable Lightning checkpoint: {_first_line(exc)}") from None
+    epoch, step = (obj.get("epoch"), obj.get("global_step")) if isinstance(obj, Mapping) else (None, None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, step)):
+        raise CheckpointError(f"{path}: a Lightning checkpoint without integer 'epoch' and 'global_step': "
+                              "its time order cannot be told")
+    return epoch, step
+
+
 def _scan_checkpoints(path: Path) -> list[Path]:
-    """Checkpoint files of a folder without ``run.json``, in time order: ``ckpt-*`` files, or
-    else every checkpoint file; ordered by the numbers in their names (natural order: 2
-    before 10), never lexicographically. Names without a number cannot be ordered: error."""
-    files = [f for f in path.iterdir() if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file()
-             and not f.name.startswith(".")]
-    ckpt = [f for f in files if f.name.startswith("ckpt-")]
-    files = ckpt or files
+    """Checkpoints of a folder without ``run.json``, in time order, never lexicographic:
+
+    * Hugging Face Trainer folders ``checkpoint-N/`` (``model.safetensors``, a sharded
+      ``model.safetensors.index.json``, or ``pytorch_model.bin``), by ``N``;
+    * Lightning ``*.ckpt`` files, by the ``(epoch, global_step)`` each file records
+      (``last.ckpt`` is dropped when it repeats another);
+    * else ``ckpt-*`` files, or every checkpoint file, by the numbers in their names
+      (natural order: 2 before 10). Names without a number are an error.
+    """
     import re
 
+    subdirs = [d for d in path.iterdir() if d.is_dir() and re.fullmatch(r"checkpoint-\d+", d.name)]
+    hf = [(int(d.name.split("-")[1]), d) for d in subdirs if _hf_weights(d) is not None]
+    if hf:
+        return [d for _, d in sorted(hf)]
+    files = [f for f in path.iterdir() if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file()
+             and not f.name.startswith(".")]
+    ckpts = [f for f in files if f.suffix.lower() == ".ckpt"]
+    if ckpts and len(ckpts) == len(files):
+        keyed = {}
+        for f in sorted(ckpts, key=lambda f: f.name == "last.ckpt"):   # named ones first
+            keyed.setdefault(_lightning_position(f), f)
+        return [f for _, f in sorted(keyed.items())]
+    ckpt = [f for f in files if f.name.startswith("ckpt-")]
+    files = ckpt or files
     unnumbered = [f.name for f in files if not re.search(r"\d", f.stem)]
     if unnumbered and len(files) > 1:
         raise CheckpointError(f"{path}: cannot tell the time order of {', '.join(sorted(unnumbered)[:5])}: "
@@ -344,6 +424,42 @@ def _check_meta(meta: Any, manifest: Path) -> dict:
     if "name" in meta and not isinstance(meta["name"], str):
         raise CheckpointError(f"{manifest}: field 'name' must be a string, got {meta['name']!r}")
     return meta
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module a wrapper holds: ``torch.compile``'s ``OptimizedModule`` (``_orig_mod``),
+    ``DataParallel`` / ``DistributedDataParallel`` (``module``), and a container without a
+    ``forward`` of its own (a LightningModule that only holds ``self.model``) whose parameters
+    all sit in one child. Checkpoints saved from the wrapper keep working: their key prefix
+    (``_orig_mod.``, ``module.``, ``model.``) is found and stripped when the weights are read.
+
+    Examples
+    --------
+    >>> net = nn.Sequential(nn.Linear(2, 2))
+    >>> unwrap_model(nn.DataParallel(net)) is net
+    True
+    """
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+            continue
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+            continue
+        forward = getattr(type(model), "forward", None)
+        own = forward is not None and forward is not nn.Module.forward and not getattr(
+            forward, "__qualname__", "").startswith(("LightningModule.", "_DeviceDtypeModuleMixin."))
+        if not own:
+            holders = [c for c in model.children() if any(True for _ in c.parameters())]
+            if len(holders) == 1 and sum(p.numel() for p in holders[0].parameters()) == sum(
+                    p.numel() for p in model.parameters()):
+                model = holders[0]
+                continue
+        break
+    return model
 
 
 @dataclass
@@ -384,6 +500,7 @@ class Run:
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
+        self.model = unwrap_model(self.model)
         if isinstance(self.checkpoints, (str, os.PathLike, Mapping)):
             raise TypeError("checkpoints must be a sequence of state dicts or paths, "
                             "not a single one: wrap it in a list")

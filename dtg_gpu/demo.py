@@ -12,7 +12,7 @@ from .analysis import analyze
 from .evaluation import METRICS
 from .report import results_table, write_report
 from .sweeps import SweepConfig, atomic_write, load_sweep, run_sweep
-from .workflow import compare, featurize_sweep
+from .workflow import compare, featurize_sweep, run_verdicts
 
 __all__ = ["demo_config", "run_demo"]
 
@@ -61,8 +61,9 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, pro
     head = next(r for r in rows if r["features"] == "dtg" and r["k"] == early)
     usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
     example = analyze(usable[len(usable) // 2], device=device) if usable else None
+    verdicts = run_verdicts(sf, ks, features="dtg", threshold="median")
     index = write_report(out / "report", sf, rows, example, head,
-                         title="dtg_gpu demo: LeNet-5 on digits")
+                         title="dtg_gpu demo: LeNet-5 on digits", verdicts=verdicts)
     results = {"runs": len(runs), "failed_runs": sf.failed, "timesteps": t, "early_k": early, "seconds": round(time.time() - started, 1),
                "rows": [{"features": r["features"], "k": r["k"],
                          **{m: {kk: r["scores"][m][kk] for kk in ("mean", "ci_low", "ci_high")}

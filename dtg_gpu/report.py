@@ -121,6 +121,11 @@ def results_table(rows: Sequence[dict], markdown: bool = False) -> str:
     return "\n".join([fmt.format(*head)] + [fmt.format(*c) for c in lines])
 
 
+def _diverged(sf) -> list[bool]:
+    return [bool(ok) and (r.meta.get("status") == "diverged" or not np.isfinite(sf.stats[i].numpy()).all())
+            for i, (r, ok) in enumerate(zip(sf.runs, sf.usable))]
+
+
 def _problem_runs(sf) -> str:
     """HTML list of the runs that could not be read (left out) and of those that diverged
     (non-finite weights: insufficient by rule)."""
@@ -130,8 +135,7 @@ def _problem_runs(sf) -> str:
                         for n, why in sf.failed.items())
         parts.append(f"<h2>Runs left out ({len(sf.failed)})</h2><p>These runs could not be read "
                      f"or solved; they are in no score above.</p><ul>{items}</ul>")
-    diverged = [r.name for r, ok in zip(sf.runs, sf.usable)
-                if ok and (r.meta.get("status") == "diverged" or not np.isfinite(sf.stats[sf.runs.index(r)].numpy()).all())]
+    diverged = [r.name for r, d in zip(sf.runs, _diverged(sf)) if d]
     if diverged:
         parts.append(f"<h2>Diverged runs ({len(diverged)})</h2><p>Non-finite weights or loss during "
                      "training: their features are NaN from that checkpoint on, and the predictor "
@@ -139,8 +143,59 @@ def _problem_runs(sf) -> str:
     return "\n".join(parts)
 
 
-def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str) -> Path:
-    """Write ``out/index.html`` with the plots beside it; returns its path."""
+_SORT_JS = """<script>
+document.querySelectorAll("table.sortable th").forEach(function (th, col) {
+  th.addEventListener("click", function () {
+    var body = th.closest("table").tBodies[0], rows = Array.from(body.rows);
+    var up = th.dataset.dir !== "asc"; th.dataset.dir = up ? "asc" : "desc";
+    rows.sort(function (a, b) {
+      var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v, nx = parseFloat(x), ny = parseFloat(y);
+      var c = (isNaN(nx) || isNaN(ny)) ? String(x).localeCompare(String(y)) : nx - ny;
+      return up ? c : -c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+</script>"""
+
+
+def runs_table_html(sf, verdicts: dict) -> str:
+    """A sortable HTML table, one row per run: hyper-parameters, final accuracy, label, and
+    out-of-fold P(sufficient) with the verdict at each ``k``; diverged and left-out runs are
+    marked (see :func:`dtg_gpu.workflow.run_verdicts`)."""
+    ks, proba, label = verdicts["ks"], verdicts["proba"], verdicts["label"]
+    diverged = _diverged(sf)
+    head = ["run", "lr", "dropout", "seed", "final accuracy", "label", "status"]
+    head += [h for k in ks for h in (f"P(sufficient) k={k}", f"verdict k={k}")]
+
+    def cell(text, value=None, cls=""):
+        v = text if value is None else value
+        return f'<td data-v="{html.escape(str(v))}"{f" class={cls}" if cls else ""}>{html.escape(str(text))}</td>'
+
+    rows = []
+    for i, run in enumerate(sf.runs):
+        acc = sf.accuracies[i]
+        status = "left out" if not sf.usable[i] else ("diverged" if diverged[i] else "ok")
+        cls = {"left out": "out", "diverged": "div"}.get(status, "")
+        tds = [cell(run.name), cell(run.meta.get("lr", "")), cell(run.meta.get("dropout", "")),
+               cell(run.meta.get("seed", "")), cell(f"{acc:.3f}" if np.isfinite(acc) else "–", acc),
+               cell({1: "sufficient", 0: "insufficient"}.get(int(label[i]), "–")), cell(status, cls=cls)]
+        for j in range(len(ks)):
+            p = proba[i, j]
+            if np.isfinite(p):
+                tds += [cell(f"{p:.2f}", p), cell("continue" if p >= 0.5 else "stop", cls="go" if p >= 0.5 else "stop")]
+            else:
+                tds += [cell("–", -1), cell("–")]
+        rows.append(f'<tr class="{cls}">' + "".join(tds) + "</tr>")
+    return (f'<table class="sortable"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str,
+                 verdicts: dict | None = None) -> Path:
+    """Write ``out/index.html`` with the plots beside it; returns its path. With
+    ``verdicts`` (:func:`dtg_gpu.workflow.run_verdicts`) the page opens with the table of
+    runs, P(sufficient) and the verdict at each ``k``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plot_statistics(sf, out / "statistics_over_training.png")
@@ -150,14 +205,26 @@ def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, t
         plot_layer_centrality(example, out / "centrality_per_layer.png")
     table = results_table(rows)
     problems = _problem_runs(sf)
+    runs_section = ""
+    if verdicts is not None:
+        runs_section = (f"<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the DTG "
+                        f"features of its first k checkpoints, predicted by a model that did not see the run "
+                        f"(5-fold cross-validation); verdict: continue at P &ge; 0.5. Click a column to sort. "
+                        f"Diverged runs are shaded yellow, runs left out grey.</p>"
+                        + runs_table_html(sf, verdicts) + _SORT_JS)
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}img{{max-width:100%}}
-pre{{background:#f4f4f4;padding:1em}}</style></head><body>
+pre{{background:#f4f4f4;padding:1em}}table.sortable{{border-collapse:collapse;font-size:13px}}
+table.sortable th{{cursor:pointer;background:#eee;position:sticky;top:0}}
+table.sortable td,table.sortable th{{border:1px solid #ddd;padding:2px 6px}}
+td.stop{{color:#b00}}td.go{{color:#070}}tr.div{{background:#fff3d6}}tr.out{{background:#eee;color:#888}}
+</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{len(sf.runs)} runs, {sf.timesteps} checkpoints each, alpha={sf.alpha}. Labels: final test
 accuracy at or above the sweep median is <b>sufficient</b>. Scores: mean and 95 % interval over
 repeated stratified 90/10 splits.</p>
 <pre>{html.escape(table)}</pre>
+{runs_section}
 <h2>Centrality statistics over training</h2><img src="statistics_over_training.png">
 <h2>How early can we tell?</h2><img src="precision_auc_vs_k.png">
 <h2>ROC and confusion matrix</h2><img src="roc_confusion.png">

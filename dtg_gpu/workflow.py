@@ -22,7 +22,7 @@ from .features import temporal_features
 from .predictor import PerformancePredictor, label_runs
 from .statistics import layer_node_groups
 
-__all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "FEATURE_SETS"]
+__all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "run_verdicts", "FEATURE_SETS"]
 
 FEATURE_SETS = ("dtg", "weight_stats", "spectral", "dtg+weight_stats", "dtg+eigenvalue", "dtg_per_layer",
                 "dtg_per_layer+eigenvalue", "learning_curve")
@@ -156,3 +156,36 @@ def compare(sf: SweepFeatures, ks: Sequence[int], names: Sequence[str], threshol
             s = evaluate(clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
     return rows
+
+
+def run_verdicts(sf: SweepFeatures, ks: Sequence[int], features: str = "dtg", threshold: Any = "median",
+                 folds: int = 5, seed: int = 0, clf: PerformancePredictor | None = None) -> dict:
+    """Out-of-fold P(sufficient) of every run at each ``k``: what a user acts on.
+
+    Each usable run's probability comes from a predictor that did not see it (stratified
+    ``folds``-fold cross-validation, seeded), so the table is honest about every run, not
+    only about a test split. Runs that could not be read get NaN.
+
+    Returns
+    -------
+    dict
+        ``ks``; ``proba`` ``[runs, len(ks)]``; ``label`` ``[runs]`` (1 sufficient, 0
+        insufficient, -1 left out); ``threshold`` (the accuracy cut used).
+    """
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    keep = sf.usable
+    y = label_runs(sf.accuracies[keep], threshold)
+    finite = sf.accuracies[keep][np.isfinite(sf.accuracies[keep])]
+    cut = float(np.median(finite)) if isinstance(threshold, str) and threshold == "median" and finite.size else threshold
+    n_splits = int(min(folds, np.bincount(y).min())) if np.unique(y).size == 2 else 0
+    proba = np.full((len(sf.runs), len(ks)), np.nan)
+    base = clf or PerformancePredictor(random_state=seed)
+    for j, k in enumerate(ks):
+        X = feature_sets(sf, int(k), [features])[features][keep]
+        if n_splits >= 2:
+            cv = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+            proba[keep, j] = cross_val_predict(base, X, y, cv=cv, method="predict_proba")[:, 1]
+    label = np.full(len(sf.runs), -1)
+    label[keep] = y
+    return {"ks": [int(k) for k in ks], "proba": proba, "label": label, "threshold": cut}

@@ -246,3 +246,9 @@ def test_networkx_test_cases_through_the_kernel(name, graph, expected):
     if expected is not None:
         np.testing.assert_allclose(x.numpy(), [expected[i] for i in range(n)], atol=1e-4)
     assert res.converged.all()
+
+
+def test_networkx_empty_graph_case_raises():
+    """NetworkX's test_empty: centrality of a graph without nodes is undefined."""
+    with pytest.raises(ValueError, match="no nodes"):
+        eigenvector_centrality(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), 0)

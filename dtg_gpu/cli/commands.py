@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -136,8 +138,45 @@ sweep = _command("sweep", "train a lr x dropout x seed grid of one model (writes
 
 
 # ---------------------------------------------------------------------------- analyze
+def _user_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="PKG.MODULE:CLASS",
+                   help="your own model class (importable; built with --model-kwargs), for run folders "
+                        "without run.json (Lightning, Hugging Face, numbered files)")
+    p.add_argument("--model-kwargs", default="{}", metavar="JSON", help="keyword arguments of --model")
+    p.add_argument("--prefix", default=None, help="key prefix of the weights in the checkpoints (e.g. 'ema.')")
+
+
+def _build_user_model(a):
+    """``--model pkg.module:Class`` with ``--model-kwargs``: the user's own code, imported."""
+    if a.model is None:
+        return None
+    import importlib
+
+    if ":" not in a.model:
+        raise ValueError(f"--model must be PKG.MODULE:CLASS, got {a.model!r}")
+    mod_name, _, attr = a.model.partition(":")
+    try:
+        kwargs = json.loads(a.model_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--model-kwargs is not JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError("--model-kwargs must be a JSON object")
+    try:
+        cls = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--model {a.model!r}: {exc}") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"--model {a.model!r} with --model-kwargs {kwargs}: {exc}") from None
+
+
 def _analyze_args(p):
-    p.add_argument("run", help="a run folder (run.json + ckpt-* files)")
+    p.add_argument("run", help="a run folder: run.json + checkpoints, or (with --model) Lightning "
+                               "*.ckpt, Hugging Face checkpoint-N/ or numbered checkpoint files")
+    _user_model(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -152,7 +191,8 @@ def _analyze_run(a) -> int:
     from ..analysis import analyze
     from ..checkpoints import Run
 
-    res = analyze(Run.from_dir(a.run), alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype),
+    run = Run.from_dir(a.run, model=_build_user_model(a), prefix=a.prefix)
+    res = analyze(run, alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype),
                   tol=a.tol, method=a.method)
     if a.json:
         print(json.dumps(_json_safe(res.to_dict()), indent=2, allow_nan=False))
@@ -285,6 +325,7 @@ train = _command("train", "fit a predictor on a sweep and save it", _train_args,
 def _predict_args(p):
     p.add_argument("predictor", help="file written by 'dtg train'")
     p.add_argument("runs", nargs="+", help="run folders")
+    _user_model(p)
     _device(p)
     _strict(p)
 
@@ -297,9 +338,10 @@ def _predict_run(a) -> int:
 
     clf = PerformancePredictor.load(a.predictor)
     runs, bad = [], {}
+    model = _build_user_model(a)
     for folder in a.runs:
         try:
-            runs.append(Run.from_dir(folder))
+            runs.append(Run.from_dir(folder, model=model, prefix=a.prefix))
         except READ_ERRORS as exc:
             if a.strict:
                 raise
@@ -325,6 +367,8 @@ def _evaluate_args(p):
                    help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, "
                         "dtg_per_layer+eigenvalue, learning_curve")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="also write an HTML report (every run's P(sufficient) and verdict, plots) into DIR")
     _features(p)
     _scaling(p)
     _strict(p)
@@ -349,6 +393,17 @@ def _evaluate_run(a) -> int:
         raise InsufficientCheckpointsError(f"--timesteps {k}: the sweep's runs have only {sf.timesteps} checkpoints")
     rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
                    clf=PerformancePredictor(scaling=a.scaling, select=a.select))
+    if a.report:
+        from ..analysis import analyze
+        from ..report import write_report
+        from ..workflow import run_verdicts
+
+        usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
+        example = analyze(usable[len(usable) // 2], device=a.device) if usable else None
+        verdicts = run_verdicts(sf, [k], features=a.features[0], threshold=_threshold(a.threshold))
+        index = write_report(Path(a.report), sf, rows, example, rows[0], title=f"dtg evaluate: {a.sweep}",
+                             verdicts=verdicts)
+        print(f"report: {index}", file=sys.stderr)
     if a.json:
         print(json.dumps(_json_safe([{"features": r["features"], "k": r["k"],
                                       **{m: r["scores"][m] for m in METRICS}}

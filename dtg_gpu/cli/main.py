@@ -16,6 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dtg", description="Predict from a run's checkpoints whether it ends with "
                                 "sufficient accuracy (dynamic temporal graphs).")
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"dtg_gpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         getattr(commands, name).add_parser(sub)

@@ -1,0 +1,69 @@
+"""The HTML report a user acts on: every run with its out-of-fold P(sufficient) and verdict."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from sklearn.model_selection import StratifiedKFold
+
+from dtg_gpu import PerformancePredictor, label_runs
+from dtg_gpu.cli.main import main
+from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
+from dtg_gpu.workflow import feature_sets, featurize_sweep, run_verdicts
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.02, 0.3), dropouts=(0.0, 0.5), seeds=2,
+                      epochs=1, checkpoint_every=5, checkpoint_unit="step")
+    return run_sweep(cfg, tmp_path_factory.mktemp("rep") / "sweep", progress=False, device="cpu")
+
+
+def test_verdicts_are_out_of_fold(sweep):
+    sf = featurize_sweep(load_sweep(sweep), device="cpu")
+    v = run_verdicts(sf, [2, 4], seed=0)
+    y = label_runs(sf.accuracies, "median")
+    assert v["label"].tolist() == y.tolist()
+    assert v["threshold"] == pytest.approx(float(np.median(sf.accuracies)))
+    for j, k in enumerate([2, 4]):   # each run predicted by a model fitted without it
+        X = feature_sets(sf, k, ["dtg"])["dtg"]
+        expected = np.empty(len(y))
+        for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(X, y):
+            expected[test] = PerformancePredictor(random_state=0).fit(X[train], y[train]).predict_proba(X[test])[:, 1]
+        np.testing.assert_allclose(v["proba"][:, j], expected)
+
+
+def test_evaluate_writes_a_sortable_report_of_every_run(sweep, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["evaluate", str(sweep), "--timesteps", "3", "--repeats", "2", "--device", "cpu",
+                 "--report", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    table = page[page.index('<table class="sortable">'):page.index("</table>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table)
+    assert len(rows) == 1 + 12
+    for row in rows[1:]:
+        cells = re.findall(r'data-v="([^"]*)"[^>]*>([^<]*)<', row)
+        p, verdict = float(cells[-2][0]), cells[-1][1]
+        assert 0 <= p <= 1 and verdict == ("continue" if p >= 0.5 else "stop")
+    assert "P(sufficient) k=3" in table and "addEventListener" in page
+    for png in ("statistics_over_training.png", "precision_auc_vs_k.png", "roc_confusion.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed (optional check)")
+def test_report_renders_in_a_real_browser(sweep, tmp_path):
+    out = tmp_path / "report"
+    assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu",
+                 "--report", str(out)]) == 0
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                           "--window-size=1200,1600", (out / "index.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-500:]
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          (out / "index.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<tr") == 1 + 12 and "Every run" in dom
