@@ -13,7 +13,8 @@ from .exceptions import (CheckpointError, ConvergenceWarning, DatasetNotFoundErr
                          DisconnectedGraphWarning, DTGError, DTGWarning,
                          FailedRunsWarning,
                          InsufficientCheckpointsError, NonFiniteWeightsWarning,
-                         TopologyError, TracingFallbackWarning, UnsafeCheckpointError)
+                         TopologyError, TracingFallbackWarning, UncoveredWeightsWarning,
+                         UnsafeCheckpointError)
 from .evaluation import evaluate
 from .predictor import PerformancePredictor, label_runs, split_runs
 from .features import temporal_features, temporal_reinforcement
@@ -29,7 +30,7 @@ __all__ = [
     "Run", "load_state_dict",
     "CheckpointError", "ConvergenceWarning", "DatasetNotFoundError", "DisconnectedGraphWarning",
     "DTGError", "DTGWarning", "FailedRunsWarning", "InsufficientCheckpointsError", "NonFiniteWeightsWarning",
-    "TopologyError", "TracingFallbackWarning", "UnsafeCheckpointError",
+    "TopologyError", "TracingFallbackWarning", "UncoveredWeightsWarning", "UnsafeCheckpointError",
     "evaluate", "PerformancePredictor", "label_runs", "split_runs",
     "temporal_features", "temporal_reinforcement",
     "BlockOperator", "filter_norms",

@@ -78,6 +78,12 @@ class AnalysisResult:
         """Timestep ``t`` as a ``networkx.Graph`` with edge attribute ``"weight"``."""
         return _to_networkx(self.topology, self._blocks(t), 0)
 
+    @property
+    def coverage(self):
+        """Every parameter of the model and its role in the graph (see
+        :meth:`~dtg_gpu.topology.ChannelTopology.coverage`)."""
+        return self.topology.coverage()
+
     def table(self):
         """One row per timestep: statistics, smoothed statistics and solver flags (pandas)."""
         import pandas as pd

@@ -538,11 +538,23 @@ class Run:
         return str(c) if not isinstance(c, Mapping) else f"run {self.name!r} checkpoint {t}"
 
     def weights(self, t: int) -> dict[str, torch.Tensor]:
-        """The graph's weight tensors of checkpoint ``t``, validated against the model."""
+        """The graph's weight tensors of checkpoint ``t``, validated against the model.
+
+        Keyed by each layer's ``param``; a weight computed in the forward pass (weight
+        standardisation, LoRA's ``W + B·A``) is the *effective* weight, computed from the
+        checkpoint's tensors by the traced computation."""
         topo = self.topology
-        shapes = {l.param: l.weight_shape for l in topo.layers}
-        return load_weights(self.checkpoints[t], topo.params, shapes, label=self.label(t),
-                            prefix=self.prefix)
+        shapes = topo.source_params
+        label = self.label(t)
+        w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix)
+        for layer in topo.layers:
+            if layer.effective is not None:
+                try:
+                    w[layer.param] = layer.effective_weight(w)
+                except Exception as exc:   # the user's weight computation, on untrusted numbers
+                    raise CheckpointError(f"{label}: computing the effective weight of layer "
+                                          f"{layer.name!r} failed: {exc}") from None
+        return w
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, model: nn.Module | None = None,

@@ -15,6 +15,7 @@ __all__ = [
     "NonFiniteWeightsWarning",
     "DisconnectedGraphWarning",
     "TracingFallbackWarning",
+    "UncoveredWeightsWarning",
     "FailedRunsWarning",
 ]
 
@@ -78,3 +79,8 @@ class FailedRunsWarning(DTGWarning):
     def __init__(self, message: str, failures: dict[str, str] | None = None):
         super().__init__(message)
         self.failures = dict(failures or {})
+
+
+class UncoveredWeightsWarning(DTGWarning):
+    """Some conv/linear-like weight matrices of the model are not in the channel graph (see
+    ``ChannelTopology.coverage()``); ``strict=True`` makes it an error."""

@@ -30,7 +30,7 @@ def reference_adjacency(topology: ChannelTopology, state: Mapping[str, torch.Ten
     n = topology.num_nodes
     rows, cols, vals = [], [], []
     for layer in topology.layers:
-        w = state[layer.param].detach().cpu().double().numpy()
+        w = layer.effective_weight(state).detach().cpu().double().numpy()
         out, cin = layer.block_shape
         norms = _layer_norms(w, layer.kind, out, cin, layer.spatial)
         opg = out // layer.groups

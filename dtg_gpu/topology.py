@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .exceptions import TopologyError, TracingFallbackWarning
+from .exceptions import TopologyError, TracingFallbackWarning, UncoveredWeightsWarning
 
 __all__ = ["WeightLayer", "ChannelTopology", "channel_topology"]
 
@@ -68,6 +68,12 @@ class WeightLayer:
         ``in_nodes[g·C/groups : (g+1)·C/groups]``.
     spatial : int
         Positions per channel ``S`` of a flattened map consumed by a ``Linear``.
+    sources, source_shapes : tuple
+        For a weight computed in the forward pass (a ``Conv``/``Linear`` subclass with its
+        own ``forward``, ``F.conv2d(x, f(self.weight))``, LoRA's ``W + B·A``): the
+        state-dict entries it is computed from and their shapes; empty for a plain weight.
+    effective : callable, optional
+        That computation, traced from the forward pass (it depends on no input).
     """
 
     name: str
@@ -78,6 +84,20 @@ class WeightLayer:
     in_nodes: torch.Tensor
     groups: int = 1
     spatial: int = 1
+    sources: tuple[str, ...] = ()
+    source_shapes: tuple[tuple[int, ...], ...] = ()
+    effective: Any = None
+
+    def effective_weight(self, state: dict) -> torch.Tensor:
+        """The weight the forward pass uses: ``state[param]``, or for a computed weight
+        (weight standardisation, ``W + B·A``, ...) the traced computation applied to the
+        checkpoint's ``sources`` (in float32, or float64 when a source is)."""
+        if self.effective is None:
+            return state[self.param]
+        args = [state[k] for k in self.sources]
+        wide = torch.float64 if any(a.dtype == torch.float64 for a in args) else torch.float32
+        with torch.no_grad():
+            return self.effective(*[a.to(wide) for a in args])
 
     @property
     def out_channels(self) -> int:
@@ -139,6 +159,30 @@ class ChannelTopology:
     num_nodes: int
     node_owner: tuple[str, ...]
     traced: bool = True
+    coverage_rows: tuple = ()
+
+    @property
+    def source_params(self) -> dict[str, tuple[int, ...]]:
+        """Every state-dict entry the graph's weights are read or computed from, with its
+        shape (plain weights and the sources of computed ones)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for layer in self.layers:
+            if layer.effective is None:
+                out.setdefault(layer.param, layer.weight_shape)
+            else:
+                out.update(zip(layer.sources, layer.source_shapes))
+        return out
+
+    def coverage(self):
+        """Every parameter of the model and what became of it (pandas ``DataFrame``).
+
+        Columns ``parameter``, ``shape``, ``role`` (``graphed``, ``bias``,
+        ``normalisation``, ``embedding``, ``unsupported``) and ``reason``. A conv/linear
+        weight that is not graphed is ``unsupported`` with the reason: never silent.
+        """
+        import pandas as pd
+
+        return pd.DataFrame(list(self.coverage_rows), columns=["parameter", "shape", "role", "reason"])
 
     @property
     def num_edges(self) -> int:
@@ -270,11 +314,14 @@ class _Builder:
     def add_layer(self, name: str, module: nn.Module, val: _Val, kind: str) -> _Val:
         w = module.weight
         if kind == "conv":
-            cin, groups, spatial = module.in_channels, module.groups, 1
-            out = module.out_channels
-        else:
-            cin, groups, spatial = module.in_features, 1, 1
-            out = module.out_features
+            return self.add(name, f"{name}.weight" if name else "weight", kind, tuple(w.shape),
+                            module.in_channels, module.out_channels, module.groups, val)
+        return self.add(name, f"{name}.weight" if name else "weight", kind, tuple(w.shape),
+                        module.in_features, module.out_features, 1, val)
+
+    def add(self, name: str, param: str, kind: str, weight_shape: tuple, cin: int, out: int, groups: int,
+            val: _Val, sources: tuple = (), source_shapes: tuple = (), effective: Any = None) -> _Val:
+        spatial = 1
         if val.cell.ids is None:  # the model input: its size is fixed by its first consumer
             val.cell.ids = self.alloc(cin, "input")
         ids = val.cell.ids
@@ -283,19 +330,19 @@ class _Builder:
                 spatial, cin = cin // len(ids), len(ids)
             else:
                 raise TopologyError(
-                    f"layer {name!r} (Linear, in_features={module.in_features}) consumes a "
+                    f"layer {name!r} (Linear, in_features={cin}) consumes a "
                     f"value with {len(ids)} channels; in_features is not a multiple of it")
         if len(ids) != cin:
             raise TopologyError(
                 f"layer {name!r} expects {cin} input channels but its input carries {len(ids)}")
-        self.layers.append(dict(name=name, param=f"{name}.weight" if name else "weight",
-                                kind=kind, weight_shape=tuple(w.shape), out=None, in_=ids,
-                                groups=groups, spatial=spatial))
+        self.layers.append(dict(name=name, param=param, kind=kind, weight_shape=tuple(weight_shape),
+                                out=None, in_=ids, groups=groups, spatial=spatial, sources=tuple(sources),
+                                source_shapes=tuple(source_shapes), effective=effective))
         out_ids = self.alloc(out, name)
         self.layers[-1]["out"] = out_ids
         return _Val(_Cell(out_ids), flat=(kind == "linear"))
 
-    def finish(self, traced: bool) -> ChannelTopology:
+    def finish(self, traced: bool, coverage: tuple = ()) -> ChannelTopology:
         if not self.layers:
             raise TopologyError("the model has no Conv1d/2d/3d or Linear layer: its graph is empty")
         roots = np.array([self.find(a) for a in range(len(self.parent))])
@@ -313,10 +360,12 @@ class _Builder:
                         weight_shape=l["weight_shape"],
                         out_nodes=torch.as_tensor(node_of[l["out"]], dtype=torch.long),
                         in_nodes=torch.as_tensor(node_of[l["in_"]], dtype=torch.long),
-                        groups=l["groups"], spatial=l["spatial"])
+                        groups=l["groups"], spatial=l["spatial"], sources=l.get("sources", ()),
+                        source_shapes=l.get("source_shapes", ()), effective=l.get("effective"))
             for l in self.layers)
         owner = tuple(self.owner[r] for r in order)
-        return ChannelTopology(layers=layers, num_nodes=len(order), node_owner=owner, traced=traced)
+        return ChannelTopology(layers=layers, num_nodes=len(order), node_owner=owner, traced=traced,
+                               coverage_rows=coverage)
 
 
 _ADD = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub}
@@ -370,8 +419,95 @@ def _is_flatten(node: torch.fx.Node) -> bool:
     return False
 
 
+_CONV_FNS = {torch.conv1d, torch.conv2d, torch.conv3d, nn.functional.conv1d, nn.functional.conv2d,
+             nn.functional.conv3d}
+_LINEAR_FNS = {nn.functional.linear, torch._C._nn.linear}
+
+
+def _weight_program(gm: torch.fx.GraphModule, weight: torch.fx.Node, state: dict):
+    """What a conv/linear call's weight argument is made of: ``(sources, program)``.
+
+    ``sources`` are the state-dict entries it derives from; ``program`` is ``None`` when
+    the argument is a parameter itself, else a traced ``GraphModule`` computing it from the
+    sources (the part of the forward pass that depends on no input). ``None`` overall when
+    the weight depends on the input (not a weight layer)."""
+    seen, stack = set(), [weight]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            return None
+        stack.extend(n.all_input_nodes)
+    if weight.op == "get_attr":
+        return ((weight.target,), None) if weight.target in state else None
+    graph, env, sources = torch.fx.Graph(), {}, []
+    for n in gm.graph.nodes:
+        if n not in seen:
+            continue
+        if n.op == "get_attr" and n.target in state:
+            env[n] = graph.placeholder(f"source_{len(sources)}")
+            sources.append(n.target)
+        else:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output(env[weight])
+    return tuple(sources), torch.fx.GraphModule(gm, graph)
+
+
+def _add_call(builder: "_Builder", gm, node: torch.fx.Node, val: "_Val", state: dict) -> "_Val | None":
+    """A ``F.conv*``/``F.linear`` call whose weight derives from the model's parameters."""
+    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    if not isinstance(weight, torch.fx.Node):
+        return None
+    found = _weight_program(gm, weight, state)
+    if found is None:
+        return None
+    sources, program = found
+    shapes = tuple(tuple(state[k].shape) for k in sources)
+    if program is None:
+        shape, param = shapes[0], sources[0]
+    else:
+        with torch.no_grad():
+            shape = tuple(program(*[state[k] for k in sources]).shape)
+        param = next((k for k, sh in zip(sources, shapes) if sh == shape), f"{node.name}.weight")
+    name = param.rsplit(".", 1)[0] if "." in param else node.name
+    if node.target in _LINEAR_FNS:
+        if len(shape) != 2:
+            return None
+        return builder.add(name, param, "linear", shape, shape[1], shape[0], 1, val, sources, shapes, program)
+    groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+    if not isinstance(groups, int) or len(shape) < 3:
+        return None
+    return builder.add(name, param, "conv", shape, shape[1] * groups, shape[0], groups, val, sources, shapes, program)
+
+
+def _coverage(model: nn.Module, layers: list[dict]) -> tuple:
+    """One row per parameter: ``(name, shape, role, reason)``."""
+    plain = {l["param"] for l in layers if l.get("effective") is None}
+    computed = {k: l["name"] for l in layers if l.get("effective") is not None for k in l["sources"]}
+    rows = []
+    for name, p in model.named_parameters():
+        owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        if name in plain:
+            row = ("graphed", "an edge weight of the channel graph")
+        elif name in computed:
+            row = ("graphed", f"enters the effective weight of layer {computed[name]!r}")
+        elif p.dim() <= 1 and name.rsplit(".", 1)[-1].startswith("bias"):
+            row = ("bias", "biases are not edges")
+        elif isinstance(owner, _PARAM_OK) or p.dim() <= 1:
+            row = ("normalisation", "per-channel scale or shift, not an edge")
+        elif isinstance(owner, (nn.Embedding, nn.EmbeddingBag)):
+            row = ("embedding", "a lookup table, not a channel map")
+        else:
+            row = ("unsupported", "a matrix that no traced conv/linear call uses as its weight")
+        rows.append((name, tuple(p.shape), *row))
+    return tuple(rows)
+
+
 def _trace(model: nn.Module) -> ChannelTopology:
     gm = torch.fx.symbolic_trace(model)
+    state = dict(gm.state_dict(keep_vars=True))
     modules = dict(gm.named_modules())
     builder = _Builder()
     vals: dict[torch.fx.Node, _Val | None] = {}
@@ -402,6 +538,11 @@ def _trace(model: nn.Module) -> ChannelTopology:
                 vals[node] = args[0] if args else None
             continue
         target = node.target
+        if node.op == "call_function" and (target in _CONV_FNS or target in _LINEAR_FNS) and args:
+            layer = _add_call(builder, gm, node, args[0], state)
+            if layer is not None:
+                vals[node] = layer
+                continue
         if node.op == "call_method" and target in _NO_CHANNEL_METHODS:
             vals[node] = None
         elif (node.op == "call_function" and target in _ADD) or (
@@ -423,7 +564,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
             vals[node] = args[0] if args and node.args[1] is not None else None
         else:
             vals[node] = args[0] if args else None
-    return builder.finish(traced=True)
+    return builder.finish(traced=True, coverage=_coverage(model, builder.layers))
 
 
 def _module_order(model: nn.Module) -> ChannelTopology:
@@ -434,7 +575,7 @@ def _module_order(model: nn.Module) -> ChannelTopology:
             val = builder.add_layer(name, mod, val, "conv")
         elif isinstance(mod, nn.Linear):
             val = builder.add_layer(name, mod, _Val(val.cell, flat=True), "linear")
-    return builder.finish(traced=False)
+    return builder.finish(traced=False, coverage=_coverage(model, builder.layers))
 
 
 _CACHE: dict[tuple, ChannelTopology] = {}
@@ -482,6 +623,7 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
     """
     key = _cache_key(model)
     if key in _CACHE and (_CACHE[key].traced or not strict):
+        _check_coverage(_CACHE[key], type(model).__name__, strict)
         return _CACHE[key]
     try:
         topo = _trace(model)
@@ -496,4 +638,17 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
             "only right for plain chains", TracingFallbackWarning, stacklevel=2)
         topo = _module_order(model)
     _CACHE[key] = topo
+    _check_coverage(topo, type(model).__name__, strict)
     return topo
+
+
+def _check_coverage(topo: ChannelTopology, model_name: str, strict: bool) -> None:
+    missing = [(n, why) for n, shape, role, why in topo.coverage_rows if role == "unsupported" and len(shape) >= 2]
+    if not missing:
+        return
+    what = ", ".join(n for n, _ in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    msg = (f"{model_name}: {len(missing)} weight matri{'x is' if len(missing) == 1 else 'ces are'} not in the "
+           f"channel graph ({what}): {missing[0][1]}; see ChannelTopology.coverage()")
+    if strict:
+        raise TopologyError(msg)
+    warnings.warn(msg, UncoveredWeightsWarning, stacklevel=3)

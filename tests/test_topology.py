@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -106,3 +107,75 @@ def test_conv1d_conv3d():
     assert topo.num_nodes == 2 + 3 + 4 and topo.layers[1].spatial == 6
     net3 = nn.Sequential(nn.Conv3d(1, 2, 2), nn.Conv3d(2, 2, 1, groups=2))
     assert channel_topology(net3).num_nodes == 5
+
+
+# --- weight layers are calls (SPEC step 2, decided later) ------------------------------
+class _WSConv(nn.Conv2d):
+    """Weight standardisation, as timm's StdConv2d: a Conv2d subclass with its own forward."""
+
+    def forward(self, x):
+        w = self.weight - self.weight.mean(dim=(1, 2, 3), keepdim=True)
+        w = w / (w.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
+        return nn.functional.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _LoRALinear(nn.Linear):
+    def __init__(self, a, b, r=2):
+        super().__init__(a, b)
+        self.lora_A = nn.Parameter(torch.randn(r, a))
+        self.lora_B = nn.Parameter(torch.randn(b, r))
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight + self.lora_B @ self.lora_A, self.bias)
+
+
+def _issue_model():
+    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), _WSConv(16, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), _LoRALinear(16, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def test_conv_and_linear_subclasses_with_their_own_forward_are_graphed():
+    from dtg_gpu import Run, analyze
+
+    torch.manual_seed(0)
+    model = _issue_model()
+    topo = channel_topology(model)
+    assert [l.name for l in topo.layers] == ["0", "2", "6", "8"]
+    assert topo.layers[1].sources == ("2.weight",)
+    assert set(topo.layers[2].sources) == {"6.weight", "6.lora_A", "6.lora_B"}
+    cov = topo.coverage().set_index("parameter")
+    assert (cov.loc[["0.weight", "2.weight", "6.weight", "6.lora_A", "6.lora_B", "8.weight"], "role"] == "graphed").all()
+    assert (cov.loc[["0.bias", "2.bias"], "role"] == "bias").all()
+    # the edges come from the effective weights: the same graph as a plain model holding them
+    sd = model.state_dict()
+    w2 = sd["2.weight"] - sd["2.weight"].mean(dim=(1, 2, 3), keepdim=True)
+    w2 = w2 / (w2.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
+    plain = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 10))
+    plain_sd = {**{k: v for k, v in sd.items() if "lora" not in k}, "2.weight": w2,
+                "6.weight": sd["6.weight"] + sd["6.lora_B"] @ sd["6.lora_A"]}
+    got = analyze(Run(model=model, checkpoints=[sd]), dtype=torch.float64, tol=1e-12, device="cpu")
+    want = analyze(Run(model=plain, checkpoints=[plain_sd]), dtype=torch.float64, tol=1e-12, device="cpu")
+    np.testing.assert_allclose(got.centrality.numpy(), want.centrality.numpy(), atol=1e-12)
+    raw = analyze(Run(model=plain, checkpoints=[{k: v for k, v in sd.items() if "lora" not in k}]),
+                  dtype=torch.float64, tol=1e-12, device="cpu")
+    assert np.abs(got.centrality.numpy() - raw.centrality.numpy()).max() > 1e-3   # not the raw weights
+
+
+def test_a_weight_matrix_outside_the_graph_is_never_silent():
+    from dtg_gpu import UncoveredWeightsWarning
+
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.mix = nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            return self.fc(x) @ self.mix    # a matrix product, not a conv/linear call
+
+    with pytest.warns(UncoveredWeightsWarning, match="mix"):
+        topo = channel_topology(Gate())
+    assert topo.coverage().set_index("parameter").loc["mix", "role"] == "unsupported"
+    with pytest.raises(TopologyError, match="mix"):
+        channel_topology(Gate(), strict=True)

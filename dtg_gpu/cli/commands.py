@@ -204,6 +204,13 @@ def _analyze_run(a) -> int:
                     "iterations", "converged", "connected"]
             print(f"{res.run.name}: {res.topology.num_nodes} nodes, {res.topology.num_edges} edges, "
                   f"{len(res)} checkpoints")
+            cov = res.coverage
+            mats = cov[cov["shape"].map(len) >= 2]
+            graphed = int((mats["role"] == "graphed").sum())
+            print(f"coverage: {graphed} of {len(mats)} weight matrices in the graph; "
+                  + ", ".join(f"{n} {role}" for role, n in cov["role"].value_counts().items()))
+            for _, row in mats[mats["role"] != "graphed"].iterrows():
+                print(f"  not graphed: {row['parameter']} {list(row['shape'])}: {row['reason']}")
             print(res.table()[cols].to_string(index=False))
     return 0
 
