@@ -79,13 +79,18 @@ def _sign_fix(x: torch.Tensor) -> torch.Tensor:
     return x * torch.where(s == 0, torch.ones_like(s), s)
 
 
+STALL_RESTARTS = 5
+
+
 def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
     """Explicitly restarted Lanczos, batched over graphs, each stopped on its own residual.
 
     Every restart begins with a product that gives the restart vector's true relative
     residual; a graph is done when it is ``<= tol``. A graph whose Ritz step fails on its
-    numbers (see :func:`_ritz`) stops iterating with its last restart vector and its true
-    residual, never ``converged`` unless that residual is ``<= tol``.
+    numbers (see :func:`_ritz`), or whose residual has not reached a new low for
+    ``STALL_RESTARTS`` restarts (the dtype's rounding floor on a large graph), stops
+    iterating with its last restart vector and its true residual, never ``converged``
+    unless that residual is ``<= tol``.
     """
     g_count, n = mask.shape
     dtype, device = matvec.dtype, mask.device
@@ -98,6 +103,8 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
     it_out = torch.zeros(g_count, dtype=torch.long, device=device)
     done = torch.zeros(g_count, dtype=torch.bool, device=device)
     failed = torch.zeros(g_count, dtype=torch.bool, device=device)
+    best = torch.full((g_count,), float("inf"), dtype=dtype, device=device)
+    stalled = torch.zeros(g_count, dtype=torch.long, device=device)
     used = 0
     while used < max_iter:
         m = max(1, min(ncv, n, max_iter - used))
@@ -117,6 +124,12 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
                 x_out[newly], lam_out[newly], it_out[newly] = v[newly], lam[newly], used
                 res_out = torch.where(done, res_out, rel)
                 done |= newly
+                # rounding floor: no new best residual for STALL_RESTARTS restarts in a row means
+                # the dtype cannot certify tol on this graph; stop it (not converged) instead of
+                # spending max_iter on noise
+                stalled = torch.where(rel < 0.9 * best, torch.zeros_like(stalled), stalled + 1)
+                best = torch.minimum(best, torch.nan_to_num(rel, nan=float("inf")))
+                failed |= ~done & (stalled >= STALL_RESTARTS)
                 if bool((done | failed).all()):
                     break
             w = w - a[:, None] * basis[:, j]

@@ -495,8 +495,8 @@ def _coverage(model: nn.Module, layers: list[dict]) -> tuple:
             row = ("graphed", f"enters the effective weight of layer {computed[name]!r}")
         elif p.dim() <= 1 and name.rsplit(".", 1)[-1].startswith("bias"):
             row = ("bias", "biases are not edges")
-        elif isinstance(owner, _PARAM_OK) or p.dim() <= 1:
-            row = ("normalisation", "per-channel scale or shift, not an edge")
+        elif isinstance(owner, _PARAM_OK) or sum(d > 1 for d in p.shape) <= 1:
+            row = ("normalisation", "per-channel scale or shift (norm, layer scale), not an edge")
         elif isinstance(owner, (nn.Embedding, nn.EmbeddingBag)):
             row = ("embedding", "a lookup table, not a channel map")
         else:
@@ -643,7 +643,7 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
 
 
 def _check_coverage(topo: ChannelTopology, model_name: str, strict: bool) -> None:
-    missing = [(n, why) for n, shape, role, why in topo.coverage_rows if role == "unsupported" and len(shape) >= 2]
+    missing = [(n, why) for n, shape, role, why in topo.coverage_rows if role == "unsupported"]
     if not missing:
         return
     what = ", ".join(n for n, _ in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

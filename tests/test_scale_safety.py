@@ -252,3 +252,20 @@ def test_networkx_empty_graph_case_raises():
     """NetworkX's test_empty: centrality of a graph without nodes is undefined."""
     with pytest.raises(ValueError, match="no nodes"):
         eigenvector_centrality(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), 0)
+
+
+def test_a_residual_at_the_rounding_floor_stops_early_and_is_flagged(monkeypatch):
+    """Asked for a residual float32 cannot reach, the solver stops once the residual stops
+    improving (not after max_iter products) and says it did not converge."""
+    import dtg_gpu.centrality as c
+
+    monkeypatch.setattr(c, "TOL_FLOOR_EPS", 0)   # let tol go below what float32 can certify
+    torch.manual_seed(0)
+    model = LeNet5(in_channels=1)
+    run = Run(model=model, checkpoints=[model.state_dict()])
+    with pytest.warns(dtg_gpu.ConvergenceWarning):
+        res = analyze(run, dtype=torch.float32, tol=1e-12, max_iter=100_000, device="cpu")
+    assert not res.converged.any() and int(res.iterations.max()) < 2_000
+    ref = analyze(run, dtype=torch.float64, tol=1e-12, device="cpu")
+    np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=1e-5)
+    assert float(res.residual.max()) < 1e-5   # the floor it reached, reported honestly
