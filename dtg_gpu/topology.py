@@ -11,8 +11,9 @@ The forward pass is read with :mod:`torch.fx`. Each traced value carries the nod
 its channel dimension; these rules move them along:
 
 * a weight layer allocates new ids for its outputs;
-* ``a + b`` / ``a - b`` of two tensors with the same channel count unifies their ids
-  (residual streams are one set of nodes);
+* ``a + b``, ``a - b``, ``a * b``, ``a / b``, ``maximum``/``minimum`` of two tensors with the
+  same channel count unify their ids (residual streams are one set of nodes; an SE gate and
+  the features it scales too), whatever the operand order;
 * ``torch.cat(..., dim=1)`` concatenates ids; channel slicing is not modelled;
 * ``flatten`` / ``view(B, -1)`` keeps the ids and marks the value flat, so a ``Linear``
   with ``in = C·S`` sees ``C`` channels of ``S`` positions each;
@@ -282,6 +283,18 @@ class _Cell:
 class _Val:
     cell: _Cell
     flat: bool = False
+    split: tuple | None = None   # the channel dim viewed as several dims (channel shuffle)
+
+
+class _Pieces(list):
+    """The channel slices of ``chunk``/``split`` along dim 1 (a tuple of values)."""
+
+
+class _SizeOf:
+    """``x.size()`` of a channel-carrying value: ``[1]`` is its channel count."""
+
+    def __init__(self, val: _Val):
+        self.val = val
 
 
 class _Builder:
@@ -368,8 +381,12 @@ class _Builder:
                                coverage_rows=coverage)
 
 
-_ADD = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub}
-_ADD_METHODS = {"add", "add_", "sub", "sub_"}
+# binary elementwise ops: two operands that carry channel spaces of the same width are the same
+# nodes (residual addition, x * gate in squeeze-and-excitation, maximum); never operand order
+_ADD = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub,
+        operator.mul, operator.imul, torch.mul, operator.truediv, operator.itruediv, torch.div,
+        torch.maximum, torch.minimum, torch.fmax, torch.fmin}
+_ADD_METHODS = {"add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "maximum", "minimum"}
 _FLATTEN_FN = {torch.flatten}
 _RESHAPE_METHODS = {"view", "reshape", "flatten"}
 _NO_CHANNEL_METHODS = {"size", "dim", "numel", "type", "__len__"}
@@ -505,12 +522,133 @@ def _coverage(model: nn.Module, layers: list[dict]) -> tuple:
     return tuple(rows)
 
 
+_ARITH = {operator.floordiv: operator.floordiv, operator.mul: operator.mul, operator.add: operator.add,
+          operator.sub: operator.sub}
+
+
+def _const(a: Any, consts: dict) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return consts.get(a)
+    return a if isinstance(a, int) and not isinstance(a, bool) else None
+
+
+def _dim1(node: torch.fx.Node, pos: int) -> bool:
+    dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
+    return dim == 1
+
+
+def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bool:
+    """Channel-exact slicing, sizes and shuffles; ``True`` when ``node`` was handled.
+
+    ``chunk``/``split``/``narrow``/``x[:, a:b]`` along dim 1 give each piece the matching
+    slice of channel nodes; ``x.size()`` / ``x.size(1)`` / ``x.shape`` give the channel count
+    so that shapes computed from it are known; a ``view`` that splits the channel dim into
+    ``(g, C/g)``, a ``transpose`` of those dims and the ``view`` that merges them back permute
+    the channel nodes (ShuffleNet's channel shuffle). A reshape of a split channel dim that is
+    not understood is an error that names it, never a silent identity.
+    """
+    target, op = node.target, node.op
+    raw = node.args[0] if node.args else None
+    src = vals.get(raw) if isinstance(raw, torch.fx.Node) else None
+    # sizes and integer arithmetic on them
+    if op == "call_method" and target == "size" and isinstance(src, _Val):
+        if len(node.args) > 1 or "dim" in node.kwargs:
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
+            consts[node] = len(src.cell.ids) if dim == 1 and src.cell.ids is not None and src.split is None else None
+        else:
+            consts[node] = _SizeOf(src)
+        vals[node] = None
+        return True
+    if op == "call_function" and target is getattr and len(node.args) > 1 and node.args[1] == "shape" and isinstance(src, _Val):
+        consts[node], vals[node] = _SizeOf(src), None
+        return True
+    if op == "call_function" and target is operator.getitem and isinstance(consts.get(raw), _SizeOf):
+        v = consts[raw].val
+        consts[node] = len(v.cell.ids) if node.args[1] == 1 and v.cell.ids is not None and v.split is None else None
+        vals[node] = None
+        return True
+    if op == "call_function" and target in _ARITH and any(isinstance(a, torch.fx.Node) and a in consts for a in node.args):
+        xs = [_const(a, consts) for a in node.args[:2]]
+        consts[node] = _ARITH[target](*xs) if None not in xs and not (target is operator.floordiv and xs[1] == 0) else None
+        vals[node] = None
+        return True
+    if not isinstance(src, _Val) or src.cell.ids is None:
+        return False
+    ids = src.cell.ids
+    # slicing along the channel dim
+    if src.split is None and ((op == "call_method" and target in ("chunk", "split")) or (
+            op == "call_function" and target in (torch.chunk, torch.split))) and _dim1(node, 2):
+        n = len(ids)
+        spec = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks", node.kwargs.get("split_size_or_sections"))
+        if target in ("chunk", torch.chunk):
+            size = -(-n // spec)
+            sizes = [min(size, n - i) for i in range(0, n, size)]
+        elif isinstance(spec, int):
+            sizes = [min(spec, n - i) for i in range(0, n, spec)]
+        else:
+            sizes = list(spec)
+        bounds = np.cumsum([0] + sizes)
+        vals[node] = _Pieces(_Val(_Cell(ids[a:b])) for a, b in zip(bounds[:-1], bounds[1:]))
+        return True
+    if op == "call_method" and target == "narrow" and src.split is None and node.args[1] == 1:
+        start, length = _const(node.args[2], consts), _const(node.args[3], consts)
+        if start is not None and length is not None:
+            vals[node] = _Val(_Cell(ids[start:start + length]))
+            return True
+    if op == "call_function" and target is operator.getitem:
+        index = node.args[1]
+        if isinstance(index, tuple) and len(index) > 1 and isinstance(index[1], slice) and src.split is None:
+            sl = index[1]
+            if sl != slice(None):
+                parts = [_const(x, consts) if x is not None else None for x in (sl.start, sl.stop, sl.step)]
+                vals[node] = _Val(_Cell(ids[slice(*parts)]))
+                return True
+    # channel shuffle: view into (g, C/g), transpose, view back
+    if (op == "call_method" and target in ("view", "reshape")) or (op == "call_function" and target is torch.reshape):
+        shape = list(node.args[1:]) if op == "call_method" else list(node.args[1])
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = list(shape[0])
+        dims = [_const(d, consts) for d in shape[1:]]
+        if src.split is not None:
+            if dims and (dims[0] == -1 or dims[0] == len(ids)):   # the split dims merged back
+                vals[node] = _Val(_Cell(ids))
+                return True
+            raise TopologyError(f"{node.format_node()}: a reshape of a split channel dimension "
+                                "that dtg_gpu cannot follow; its channel mapping is unknown")
+        if len(dims) >= 3 and dims[0] is not None and dims[1] is not None and dims[0] > 1 \
+                and dims[0] * dims[1] == len(ids):
+            vals[node] = _Val(_Cell(ids), split=(dims[0], dims[1]))
+            return True
+        return False
+    if src.split is not None and ((op == "call_function" and target is torch.transpose) or (
+            op == "call_method" and target in ("transpose", "permute"))):
+        k = len(src.split)
+        if target == "permute":
+            perm = list(node.args[1:]) if not isinstance(node.args[1], (tuple, list)) else list(node.args[1])
+            chan = [p - 1 for p in perm[1:k + 1]]
+            if perm[0] != 0 or sorted(chan) != list(range(k)):
+                raise TopologyError(f"{node.format_node()}: a permute that moves the channel dimension; "
+                                    "its channel mapping is unknown")
+        else:
+            a, b = node.args[1], node.args[2]
+            if not (1 <= a <= k and 1 <= b <= k):
+                raise TopologyError(f"{node.format_node()}: a transpose of a split channel dimension with "
+                                    "a spatial one; its channel mapping is unknown")
+            chan = list(range(k))
+            chan[a - 1], chan[b - 1] = chan[b - 1], chan[a - 1]
+        grid = ids.reshape(src.split).transpose(chan)
+        vals[node] = _Val(_Cell(grid.reshape(-1)), split=tuple(grid.shape))
+        return True
+    return False
+
+
 def _trace(model: nn.Module) -> ChannelTopology:
     gm = torch.fx.symbolic_trace(model)
     state = dict(gm.state_dict(keep_vars=True))
     modules = dict(gm.named_modules())
     builder = _Builder()
     vals: dict[torch.fx.Node, _Val | None] = {}
+    consts: dict[torch.fx.Node, Any] = {}
     first_input = True
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -543,6 +681,8 @@ def _trace(model: nn.Module) -> ChannelTopology:
             if layer is not None:
                 vals[node] = layer
                 continue
+        if _channel_op(node, args, vals, consts):
+            continue
         if node.op == "call_method" and target in _NO_CHANNEL_METHODS:
             vals[node] = None
         elif (node.op == "call_function" and target in _ADD) or (
@@ -560,6 +700,8 @@ def _trace(model: nn.Module) -> ChannelTopology:
                 vals[node] = merged
         elif _is_flatten(node):
             vals[node] = _Val(args[0].cell, flat=True) if args else None
+        elif node.op == "call_function" and target is operator.getitem and isinstance(vals.get(node.args[0]), _Pieces):
+            vals[node] = vals[node.args[0]][node.args[1]]
         elif node.op == "call_function" and target is operator.getitem:
             vals[node] = args[0] if args and node.args[1] is not None else None
         else:

@@ -179,3 +179,85 @@ def test_a_weight_matrix_outside_the_graph_is_never_silent():
     assert topo.coverage().set_index("parameter").loc["mix", "role"] == "unsupported"
     with pytest.raises(TopologyError, match="mix"):
         channel_topology(Gate(), strict=True)
+
+
+@pytest.mark.parametrize("order", ["gate_first", "features_first"])
+def test_squeeze_and_excitation_does_not_depend_on_operand_order(order):
+    class SE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.fc1 = nn.Conv2d(8, 2, 1)
+            self.fc2 = nn.Conv2d(2, 8, 1)
+            self.head = nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            x = self.conv(x)
+            gate = torch.sigmoid(self.fc2(torch.relu(self.fc1(nn.functional.adaptive_avg_pool2d(x, 1)))))
+            x = gate * x if order == "gate_first" else x * gate
+            return self.head(x)
+
+    topo = channel_topology(SE())
+    layers = {l.name: l for l in topo.layers}
+    assert torch.equal(layers["fc2"].out_nodes, layers["conv"].out_nodes)   # the gate is the features' nodes
+    assert torch.equal(layers["head"].in_nodes, layers["conv"].out_nodes)
+    assert topo.num_nodes == 3 + 8 + 2 + 4
+
+
+class _ShuffleBlock(nn.Module):
+    """ShuffleNet-V2's stride-1 unit, as torchvision writes it: chunk, branch, cat, shuffle."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(1, 4, 1)
+        self.b = nn.Conv2d(2, 2, 1)
+        self.c = nn.Conv2d(4, 1, 1)
+
+    def forward(self, x):
+        x = self.a(x)
+        x1, x2 = x.chunk(2, dim=1)
+        x = torch.cat((x1, self.b(x2)), dim=1)
+        b, c, h, w = x.size()
+        x = x.view(b, 2, c // 2, h, w)
+        x = torch.transpose(x, 1, 2).contiguous()
+        return self.c(x.view(b, -1, h, w))
+
+
+def test_channel_chunk_and_shuffle_map_nodes_exactly():
+    topo = channel_topology(_ShuffleBlock())
+    layers = {l.name: l for l in topo.layers}
+    a = layers["a"].out_nodes.tolist()
+    assert layers["b"].in_nodes.tolist() == a[2:]                  # the second chunk
+    b = layers["b"].out_nodes.tolist()
+    # cat -> [a0, a1, b0, b1]; shuffle with 2 groups -> [a0, b0, a1, b1]
+    assert layers["c"].in_nodes.tolist() == [a[0], b[0], a[1], b[1]]
+
+
+@pytest.mark.parametrize("how", ["slice", "split", "narrow"])
+def test_channel_slices_take_their_nodes(how):
+    class Slice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(1, 6, 1)
+            self.b = nn.Conv2d(2, 3, 1)
+
+        def forward(self, x):
+            x = self.a(x)
+            if how == "slice":
+                part = x[:, 2:4]
+            elif how == "split":
+                part = torch.split(x, [2, 2, 2], dim=1)[1]
+            else:
+                part = x.narrow(1, 2, 2)
+            return self.b(part)
+
+    layers = {l.name: l for l in channel_topology(Slice()).layers}
+    assert layers["b"].in_nodes.tolist() == layers["a"].out_nodes.tolist()[2:4]
+
+
+def test_torchvision_shufflenet_analyses():
+    from dtg_gpu import Run, analyze
+
+    model = torchvision.models.shufflenet_v2_x0_5()
+    res = analyze(Run(model=model, checkpoints=[model.state_dict()]), device="cpu")
+    assert res.converged.all() and res.centrality.shape[1] == res.topology.num_nodes
