@@ -297,6 +297,30 @@ class _SizeOf:
         self.val = val
 
 
+def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
+    """A module whose ``weight`` is computed from other tensors: ``torch.nn.utils.parametrize``
+    (``parametrizations.weight.original*``, e.g. ``parametrizations.weight_norm``) or the
+    legacy ``weight_norm`` hook (``weight_g``, ``weight_v``). Returns the state-dict sources,
+    their shapes and the computation; empty for a plain weight."""
+    prefix = f"{name}." if name else ""
+    plist = getattr(getattr(module, "parametrizations", None), "weight", None)
+    if plist is not None:
+        names = sorted(k for k, _ in plist.named_parameters(recurse=False) if k.startswith("original"))
+        sources = tuple(f"{prefix}parametrizations.weight.{k}" for k in names)
+        shapes = tuple(tuple(getattr(plist, k).shape) for k in names)
+
+        def effective(*tensors, _plist=plist, _names=tuple(names)):
+            return torch.func.functional_call(_plist, dict(zip(_names, tensors)), ())
+        return sources, shapes, effective
+    g, v = getattr(module, "weight_g", None), getattr(module, "weight_v", None)
+    if isinstance(g, torch.Tensor) and isinstance(v, torch.Tensor):
+        def legacy(weight_g, weight_v):   # torch.nn.utils.weight_norm with dim=0
+            norm = torch.linalg.vector_norm(weight_v.reshape(weight_v.shape[0], -1), dim=1)
+            return weight_v * (weight_g.reshape(-1) / norm).reshape((-1,) + (1,) * (weight_v.dim() - 1))
+        return (f"{prefix}weight_g", f"{prefix}weight_v"), (tuple(g.shape), tuple(v.shape)), legacy
+    return (), (), None
+
+
 class _Builder:
     """Provisional node ids with union-find; final numbering by first appearance."""
 
@@ -326,11 +350,15 @@ class _Builder:
 
     def add_layer(self, name: str, module: nn.Module, val: _Val, kind: str) -> _Val:
         w = module.weight
+        param = f"{name}.weight" if name else "weight"
+        sources, shapes, effective = _reparametrized(name, module)
+        if sources:
+            param = sources[0]
         if kind == "conv":
-            return self.add(name, f"{name}.weight" if name else "weight", kind, tuple(w.shape),
-                            module.in_channels, module.out_channels, module.groups, val)
-        return self.add(name, f"{name}.weight" if name else "weight", kind, tuple(w.shape),
-                        module.in_features, module.out_features, 1, val)
+            return self.add(name, param, kind, tuple(w.shape), module.in_channels, module.out_channels,
+                            module.groups, val, sources, shapes, effective)
+        return self.add(name, param, kind, tuple(w.shape), module.in_features, module.out_features, 1, val,
+                        sources, shapes, effective)
 
     def add(self, name: str, param: str, kind: str, weight_shape: tuple, cin: int, out: int, groups: int,
             val: _Val, sources: tuple = (), source_shapes: tuple = (), effective: Any = None) -> _Val:

@@ -261,3 +261,29 @@ def test_torchvision_shufflenet_analyses():
     model = torchvision.models.shufflenet_v2_x0_5()
     res = analyze(Run(model=model, checkpoints=[model.state_dict()]), device="cpu")
     assert res.converged.all() and res.centrality.shape[1] == res.topology.num_nodes
+
+
+@pytest.mark.parametrize("style", ["parametrize", "legacy"])
+def test_weight_norm_uses_the_effective_weight(style):
+    import warnings
+
+    from dtg_gpu import Run, analyze
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)   # the legacy hook is deprecated
+        wn = (nn.utils.parametrizations.weight_norm if style == "parametrize" else nn.utils.weight_norm)
+        net[0] = wn(net[0])
+        net[3] = wn(net[3])
+    sd = net.state_dict()
+    assert "0.weight" not in sd                           # the checkpoint holds the factors only
+    topo = channel_topology(net)
+    assert [l.name for l in topo.layers] == ["0", "3"] and all(l.effective is not None for l in topo.layers)
+    plain = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    with torch.no_grad():
+        effective = {"0.weight": net[0].weight.detach().clone(), "3.weight": net[3].weight.detach().clone()}
+    got = analyze(Run(model=net, checkpoints=[sd]), dtype=torch.float64, tol=1e-12, device="cpu")
+    want = analyze(Run(model=plain, checkpoints=[{**plain.state_dict(), **effective}]), dtype=torch.float64,
+                   tol=1e-12, device="cpu")
+    np.testing.assert_allclose(got.centrality.numpy(), want.centrality.numpy(), atol=1e-10)
