@@ -19,7 +19,7 @@ from .centrality import Method, solve_perron
 from .checkpoints import Run
 from .exceptions import (CheckpointError, ConvergenceWarning, DisconnectedGraphWarning,
                          NonFiniteWeightsWarning, TopologyError)
-from .graph import BlockOperator, wide_filter_norms
+from .graph import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
 from .topology import ChannelTopology
 
 __all__ = ["resolve_device", "GraphBatchResult", "GraphBlocks", "solve_timesteps", "scaled_blocks", "load_blocks"]
@@ -116,16 +116,12 @@ def scaled_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.T
         if int(np.prod(layer.weight_shape)) <= SMALL_LAYER:  # few big ops beat many tiny ones
             b = wide_filter_norms(torch.stack([_widen(ws[layer.param], device, dtype) for ws in weights]), layer)
         else:  # norms written in place, checkpoint by checkpoint: no stacked copy of weights or blocks
-            b = None
-            for g, ws in enumerate(weights):
-                w = _widen(ws[layer.param], device, dtype)
-                if b is None:
-                    b = torch.empty((g_count,) + layer.block_shape, dtype=w.dtype, device=device)
-                n = wide_filter_norms(w[None], layer, out=b[g:g + 1])
-                if n.dtype != b.dtype:   # this checkpoint's norms needed float64
-                    b = b.double()
-                if n.data_ptr() != b[g:g + 1].data_ptr():
-                    b[g:g + 1] = n
+            wide = [_widen(ws[layer.param], device, dtype) for ws in weights]
+            b = torch.empty((g_count,) + layer.block_shape, dtype=wide[0].dtype, device=device)
+            for g, w in enumerate(wide):   # plain norms; one range check (one sync) per layer
+                plain_filter_norms(w[None], layer, out=b[g:g + 1])
+            if not norms_in_range(b):      # rare: overflow/underflow hazard, redo the layer safely
+                b = torch.cat([wide_filter_norms(w[None], layer).to(torch.float64) for w in wide])
         blocks.append(b)
     peak = torch.stack([b.reshape(g_count, -1).amax(1).to(torch.float64) for b in blocks]).amax(0)
     finite = torch.isfinite(peak)   # amax propagates NaN and Inf

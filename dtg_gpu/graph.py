@@ -38,7 +38,7 @@ def _slices(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     return weight.reshape(weight.shape[0], out, cin, -1)
 
 
-def _norms_in_range(n: torch.Tensor) -> bool:
+def norms_in_range(n: torch.Tensor) -> bool:
     """True when plain sum-of-squares norms ``n`` cannot have overflowed or lost their
     largest terms to underflow: every norm finite, positive and within ``2^(±emax/2 ∓ 4)``."""
     if n.numel() == 0:
@@ -95,6 +95,15 @@ def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     return wide_filter_norms(weight, layer).to(weight.dtype)
 
 
+def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """``sqrt(Σ w²)`` per kernel slice with no range check (see :func:`norms_in_range`)."""
+    w = _slices(weight, layer)
+    if w.shape[-1] == 1:
+        return torch.abs(w[..., 0], out=out) if out is not None else w[..., 0].abs()
+    return torch.linalg.vector_norm(w, dim=-1, out=out)
+
+
 def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`filter_norms` before the cast back: float64 where the norms left the range of
@@ -103,10 +112,8 @@ def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer,
     ``weight``'s dtype) the norms are written there, and ``out`` is returned unless they
     needed float64."""
     w = _slices(weight, layer)
-    if w.shape[-1] == 1:
-        return torch.abs(w[..., 0], out=out) if out is not None else w[..., 0].abs()
-    n = torch.linalg.vector_norm(w, dim=-1, out=out)
-    if _norms_in_range(n):
+    n = plain_filter_norms(weight, layer, out=out)
+    if w.shape[-1] == 1 or norms_in_range(n):
         return n
     if w.dtype != torch.float64:   # float32/16 squares always fit float64's range
         return torch.linalg.vector_norm(w, dim=-1, dtype=torch.float64)

@@ -269,3 +269,21 @@ def test_a_residual_at_the_rounding_floor_stops_early_and_is_flagged(monkeypatch
     ref = analyze(run, dtype=torch.float64, tol=1e-12, device="cpu")
     np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=1e-5)
     assert float(res.residual.max()) < 1e-5   # the floor it reached, reported honestly
+
+
+def test_a_huge_weight_in_a_large_layer_is_exact():
+    """Layers above SMALL_LAYER take their norms checkpoint by checkpoint, with one range check
+    per layer; an out-of-range norm sends the whole layer through the safe path."""
+    from dtg_gpu.engine import SMALL_LAYER
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 3), nn.ReLU(), nn.Conv2d(64, 64, 5), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 4))
+    assert model[2].weight.numel() > SMALL_LAYER
+    ckpts = _checkpoints(model, [0], None, None, seed=1, t=2)
+    ckpts[1]["2.weight"].view(-1)[7] = 3e37          # w² overflows float32, the norm does not
+    res = analyze(Run(model=model, checkpoints=ckpts), device="cpu")
+    ref = analyze(Run(model=model, checkpoints=[{k: v.double() for k, v in c.items()} for c in ckpts]),
+                  dtype=torch.float64, tol=1e-12, device="cpu")
+    assert res.finite.all() and res.converged.all()
+    np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=1e-5)
