@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -58,7 +59,6 @@ def _harmless_globals() -> list:
 
 
 def _first_line(text: str) -> str:
-    import re
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))   # torch colours its hints
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -75,7 +75,6 @@ def _read_pickled_state(path: Path) -> Any:
         with ts.safe_globals(_harmless_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        import re
 
         line = _first_line(exc)
         named = re.search(r"GLOBAL (\S+)", line)
@@ -334,7 +333,6 @@ def read_manifest(path: Path) -> Any:
 
 
 def _natural_key(name: str) -> tuple:
-    import re
 
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
@@ -377,7 +375,6 @@ def _scan_checkpoints(path: Path) -> list[Path]:
     * else ``ckpt-*`` files, or every checkpoint file, by the numbers in their names
       (natural order: 2 before 10). Names without a number are an error.
     """
-    import re
 
     subdirs = [d for d in path.iterdir() if d.is_dir() and re.fullmatch(r"checkpoint-\d+", d.name)]
     hf = [(int(d.name.split("-")[1]), d) for d in subdirs if _hf_weights(d) is not None]

@@ -116,12 +116,15 @@ def scaled_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.T
         if int(np.prod(layer.weight_shape)) <= SMALL_LAYER:  # few big ops beat many tiny ones
             b = wide_filter_norms(torch.stack([_widen(ws[layer.param], device, dtype) for ws in weights]), layer)
         else:  # norms written in place, checkpoint by checkpoint: no stacked copy of weights or blocks
-            wide = [_widen(ws[layer.param], device, dtype) for ws in weights]
-            b = torch.empty((g_count,) + layer.block_shape, dtype=wide[0].dtype, device=device)
-            for g, w in enumerate(wide):   # plain norms; one range check (one sync) per layer
+            b = None
+            for g, ws in enumerate(weights):   # plain norms; one range check (one sync) per layer
+                w = _widen(ws[layer.param], device, dtype)   # one checkpoint widened at a time
+                if b is None:
+                    b = torch.empty((g_count,) + layer.block_shape, dtype=w.dtype, device=device)
                 plain_filter_norms(w[None], layer, out=b[g:g + 1])
-            if not norms_in_range(b):      # rare: overflow/underflow hazard, redo the layer safely
-                b = torch.cat([wide_filter_norms(w[None], layer).to(torch.float64) for w in wide])
+            if not norms_in_range(b):          # rare: overflow/underflow hazard, redo the layer safely
+                b = torch.cat([wide_filter_norms(_widen(ws[layer.param], device, dtype)[None], layer)
+                               .to(torch.float64) for ws in weights])
         blocks.append(b)
     peak = torch.stack([b.reshape(g_count, -1).amax(1).to(torch.float64) for b in blocks]).amax(0)
     finite = torch.isfinite(peak)   # amax propagates NaN and Inf
