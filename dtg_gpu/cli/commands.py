@@ -332,6 +332,8 @@ train = _command("train", "fit a predictor on a sweep and save it", _train_args,
 def _predict_args(p):
     p.add_argument("predictor", help="file written by 'dtg train'")
     p.add_argument("runs", nargs="+", help="run folders")
+    p.add_argument("--min-probability", type=float, default=0.3,
+                   help="verdict 'stop' below this P(sufficient) (default 0.3, as dtg watch)")
     _user_model(p)
     _device(p)
     _strict(p)
@@ -354,9 +356,12 @@ def _predict_run(a) -> int:
                 raise
             bad[folder] = str(exc)
     proba = clf.predict_runs(runs, device=a.device, strict=a.strict)[:, -1] if runs else []
+    if not 0 <= a.min_probability <= 1:
+        raise ValueError(f"--min-probability must be in [0, 1], got {a.min_probability}")
     for run, p in zip(runs, proba):
         verdict = "failed" if not np.isfinite(p) else ("sufficient" if p >= 0.5 else "insufficient")
-        print(f"{run.name}\tP(sufficient)={p:.3f}\t{verdict}")
+        action = "" if not np.isfinite(p) else ("\tstop" if p < a.min_probability else "\tcontinue")
+        print(f"{run.name}\tP(sufficient)={p:.3f}\t{verdict}{action}")
     for folder, why in bad.items():
         print(f"{folder}\tP(sufficient)=nan\tfailed: {why}")
     return 1 if bad or not np.isfinite(np.asarray(proba, dtype=float)).all() else 0
@@ -495,3 +500,54 @@ def _demo_run(a) -> int:
 
 
 demo = _command("demo", "train the digits sweep, featurise, evaluate, write a report", _demo_args, _demo_run)
+
+
+# ------------------------------------------------------------------------------ watch
+def _watch_args(p):
+    p.add_argument("sweep", help="sweep folder being trained (dtg sweep --out), or a folder of run folders")
+    p.add_argument("--predictor", default=None, help="file written by 'dtg train' (default: learn online "
+                   "from the sweep's finished runs)")
+    p.add_argument("--json", action="store_true", help="one JSON object per run and pass, for scripts")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default 30)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--min-probability", type=float, default=0.3, help="stop below this P(sufficient) (default 0.3)")
+    p.add_argument("--patience", type=_positive_int, default=1, help="checks in a row below it (default 1)")
+    p.add_argument("--n-startup", type=int, default=10, help="finished runs needed before any verdict (default 10)")
+    p.add_argument("--threshold", default="median", help="sufficient: final accuracy >= 'median', 'qX' (e.g. q0.75) or a number")
+    p.add_argument("--features", default="dtg_per_layer",
+                   help="dtg, dtg+eigenvalue, dtg_per_layer (default), dtg_per_layer+eigenvalue, dtg+weight_stats")
+    _user_model(p)
+    _device(p)
+
+
+def _watch_run(a) -> int:
+    from ..early_stopping import StoppingRule
+    from ..predictor import PerformancePredictor
+    from ..watch import SweepWatcher
+
+    if not a.interval > 0:
+        raise ValueError(f"--interval must be positive, got {a.interval}")
+    clf = PerformancePredictor.load(a.predictor) if a.predictor else None
+    rule = StoppingRule(predictor=clf, min_probability=a.min_probability, patience=a.patience,
+                        n_startup_trials=a.n_startup, threshold=_threshold(a.threshold), features=a.features,
+                        use_values=False)
+    watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)
+    shown: dict[str, tuple] = {}
+    for verdicts in watcher.watch(interval=a.interval, once=a.once):
+        for v in verdicts:
+            key = (v.checkpoints, v.verdict)
+            if shown.get(v.run) == key:
+                continue   # print a run again only when it changed
+            shown[v.run] = key
+            if a.json:
+                print(json.dumps(_json_safe(v.to_dict())), flush=True)
+            else:
+                p = "-" if v.p_sufficient is None else f"{v.p_sufficient:.3f}"
+                extra = (f"\tfinal={v.final_accuracy:.4f}" if v.final_accuracy is not None
+                         else (f"\t{v.error}" if v.error else ""))
+                print(f"{v.run}\tk={v.checkpoints}\tP(sufficient)={p}\t{v.verdict}{extra}", flush=True)
+    return 0
+
+
+watch = _command("watch", "as checkpoints land: each run's P(sufficient) and a stop/continue verdict",
+                 _watch_args, _watch_run)

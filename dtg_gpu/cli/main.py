@@ -9,7 +9,7 @@ import warnings
 
 from . import commands
 
-SUBCOMMANDS = ["sweep", "analyze", "featurize", "train", "predict", "evaluate", "bench", "env", "demo"]
+SUBCOMMANDS = ["sweep", "analyze", "featurize", "train", "predict", "watch", "evaluate", "bench", "env", "demo"]
 
 
 def build_parser() -> argparse.ArgumentParser:

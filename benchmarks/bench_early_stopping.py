@@ -1,0 +1,232 @@
+"""Is early stopping from checkpoints worth it? Replay recorded sweeps as Optuna studies (issue #17).
+
+Each recorded sweep (run folders written by ``dtg sweep``: one checkpoint and one validation
+accuracy per epoch, the test accuracy at the end) is replayed as an in-memory Optuna study,
+the runs arriving in a random order (``--orderings``, same orderings for every method), one
+trial per run, each trial reporting one checkpoint per epoch through the same code path as
+``dtg_gpu.integrations.optuna.report`` (the checkpoint records are computed once per sweep and
+cached). A pruned trial has run the epochs up to the pruning step; a completed trial returns
+the run's recorded final (test) accuracy.
+
+Methods: no pruning; Optuna's MedianPruner, PercentilePruner(25), SuccessiveHalvingPruner,
+HyperbandPruner, PatientPruner(MedianPruner, patience=2), WilcoxonPruner (all on the recorded
+validation accuracy: they use data); DTGPruner data-free (``use_values=False``);
+DTGPruner + weight statistics (data-free); DTGPruner with the reported validation accuracy as
+one more feature. Metrics per method over the orderings: compute saved S = 1 - epochs run /
+epochs of the full sweep; regret R = best final accuracy of the sweep - best final accuracy
+among completed trials; how often the best run survives; recall of the top 10 %; and the
+S-vs-R curve of the DTG pruners over ``min_probability``.
+
+Usage: python benchmarks/bench_early_stopping.py SWEEP_DIR [SWEEP_DIR ...] [--orderings 20]
+           [--out benchmarks/results] [--work DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+
+from dtg_gpu.early_stopping import run_records  # noqa: E402
+from dtg_gpu.integrations.optuna import DTGPruner, _STEP  # noqa: E402
+from dtg_gpu.sweeps import load_sweep  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def sweep_records(folder: Path, work: Path) -> dict:
+    """Checkpoint records, validation accuracies and final accuracies of every complete run
+    (cached in ``work``)."""
+    cache = work / f"records-{folder.name}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    runs = load_sweep(folder)
+    out = {"sweep": folder.name, "runs": []}
+    t0 = time.perf_counter()
+    for run in runs:
+        acc = [c.get("val_accuracy") for c in run.meta.get("checkpoints", [])]
+        out["runs"].append({"name": run.name, "final": run.final_accuracy, "val": acc,
+                            "records": run_records(run, device="cpu")})
+    out["seconds"] = time.perf_counter() - t0
+    out["model"] = runs[0].meta.get("model")
+    work.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(out))
+    return out
+
+
+def methods(quick: bool) -> dict:
+    P = optuna.pruners
+    m = {
+        "none": lambda: P.NopPruner(),
+        "MedianPruner": lambda: P.MedianPruner(),
+        "PercentilePruner(25)": lambda: P.PercentilePruner(25.0),
+        "SuccessiveHalvingPruner": lambda: P.SuccessiveHalvingPruner(),
+        "HyperbandPruner": lambda: P.HyperbandPruner(),
+        "PatientPruner(Median)": lambda: P.PatientPruner(P.MedianPruner(), patience=2),
+        "WilcoxonPruner": lambda: P.WilcoxonPruner(),
+        "DTGPruner (data-free)": lambda: DTGPruner(use_values=False),
+        "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(use_values=False, features="dtg+weight_stats"),
+        "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True),
+    }
+    return m
+
+
+def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> dict:
+    runs = sweep["runs"]
+    study = optuna.create_study(direction="maximize", pruner=pruner,
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    epochs_run, completed = [], []
+    for i in order:
+        r = runs[i]
+        trial = study.ask()
+        steps = len(r["records"])
+        pruned = False
+        for s in range(steps):
+            trial.storage.set_trial_system_attr(trial._trial_id, f"{_STEP}{s:09d}", r["records"][s])
+            trial.report(float(r["val"][s]), s)
+            if trial.should_prune():
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                epochs_run.append(s + 1)
+                pruned = True
+                break
+        if not pruned:
+            study.tell(trial, float(r["final"]))
+            epochs_run.append(steps)
+            completed.append(int(i))
+    return {"epochs": epochs_run, "completed": completed}
+
+
+def metrics(sweep: dict, res: dict) -> dict:
+    finals = np.array([r["final"] for r in sweep["runs"]], dtype=float)
+    total = sum(len(r["records"]) for r in sweep["runs"])
+    best = float(np.nanmax(finals))
+    kept = finals[res["completed"]] if res["completed"] else np.array([-np.inf])
+    top = set(np.argsort(-finals)[:max(1, int(round(0.1 * len(finals))))].tolist())
+    return {"saved": 1 - sum(res["epochs"]) / total,
+            "regret": best - float(np.nanmax(kept)),
+            "best_survives": int(np.nanargmax(finals)) in set(res["completed"]),
+            "top10_recall": len(top & set(res["completed"])) / len(top)}
+
+
+def summarise(rows: list[dict]) -> dict:
+    s = np.array([r["saved"] for r in rows])
+    reg = np.array([r["regret"] for r in rows])
+    return {"saved_mean": float(s.mean()), "saved_min": float(s.min()), "saved_max": float(s.max()),
+            "regret_mean": float(reg.mean()), "regret_max": float(reg.max()),
+            "regret_zero_share": float((reg <= 1e-12).mean()),
+            "best_survives_share": float(np.mean([r["best_survives"] for r in rows])),
+            "top10_recall_mean": float(np.mean([r["top10_recall"] for r in rows])),
+            "orderings": len(rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sweeps", nargs="+")
+    ap.add_argument("--orderings", type=int, default=20)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-early-stopping"))
+    ap.add_argument("--quick", action="store_true", help="3 orderings, no curve")
+    ap.add_argument("--only", nargs="*", default=None, help="methods to run (default: all)")
+    ap.add_argument("--curve", nargs="*", type=float, default=[0.1, 0.2, 0.3, 0.5])
+    ap.add_argument("--curve-orderings", type=int, default=10)
+    a = ap.parse_args()
+    n_orders = 3 if a.quick else a.orderings
+    out = Path(a.out)
+    results = {"orderings": n_orders, "date": time.strftime("%Y-%m-%d %H:%M"), "sweeps": {}}
+    for folder in map(Path, a.sweeps):
+        sweep = sweep_records(folder, Path(a.work))
+        n = len(sweep["runs"])
+        rng = np.random.default_rng(0)
+        orders = [rng.permutation(n) for _ in range(n_orders)]
+        res = {"runs": n, "checkpoints": len(sweep["runs"][0]["records"]), "model": sweep.get("model"),
+               "record_seconds": sweep.get("seconds"), "methods": {}, "curve": {}}
+        for name, make in methods(a.quick).items():
+            if a.only and name not in a.only:
+                continue
+            t0 = time.perf_counter()
+            rows = [metrics(sweep, replay(sweep, o, make())) for o in orders]
+            res["methods"][name] = summarise(rows) | {"seconds": time.perf_counter() - t0}
+            m = res["methods"][name]
+            print(f"{folder.name:>10} {name:<36} saved {m['saved_mean']:.3f} [{m['saved_min']:.3f}, "
+                  f"{m['saved_max']:.3f}]  regret mean {m['regret_mean']:.4f} max {m['regret_max']:.4f}  "
+                  f"R=0 in {m['regret_zero_share']:.0%}  top10 recall {m['top10_recall_mean']:.2f}  "
+                  f"({m['seconds']:.0f} s)", flush=True)
+        if not a.quick:
+            for label, kw in (("data-free", dict(use_values=False)), ("with val_accuracy", dict(use_values=True))):
+                pts = []
+                for mp in a.curve:
+                    rows = [metrics(sweep, replay(sweep, o, DTGPruner(min_probability=mp, **kw)))
+                            for o in orders[:a.curve_orderings]]
+                    pts.append({"min_probability": mp} | summarise(rows))
+                    print(f"{folder.name:>10} curve {label:<18} min_p {mp:.2f}: saved {pts[-1]['saved_mean']:.3f} "
+                          f"regret max {pts[-1]['regret_max']:.4f} R=0 {pts[-1]['regret_zero_share']:.0%}", flush=True)
+                res["curve"][label] = pts
+        results["sweeps"][folder.name] = res
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "early_stopping_quick" if a.quick else "early_stopping"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    write_markdown(results, out / f"{stem}.md")
+    if not a.quick:
+        plot(results, out / "early_stopping_curve.png")
+    print("wrote", out / f"{stem}.md")
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    lines = [f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})", "",
+             "`python benchmarks/bench_early_stopping.py SWEEP ...`. S: share of the sweep's epochs not run; "
+             "R: best final accuracy of the sweep minus the best among completed trials. "
+             "Optuna's pruners (and `+val_accuracy`) read the recorded validation accuracy; "
+             "`data-free` ones read only the weights.", ""]
+    for name, res in results["sweeps"].items():
+        lines += [f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints", "",
+                  "| method | S mean [min, max] | R mean | R max | R = 0 | best survives | top-10 % recall |",
+                  "|---|---|---|---|---|---|---|"]
+        for m, s in res["methods"].items():
+            lines.append(f"| {m} | {s['saved_mean']:.3f} [{s['saved_min']:.3f}, {s['saved_max']:.3f}] | "
+                         f"{s['regret_mean']:.4f} | {s['regret_max']:.4f} | {s['regret_zero_share']:.0%} | "
+                         f"{s['best_survives_share']:.0%} | {s['top10_recall_mean']:.2f} |")
+        for label, pts in res.get("curve", {}).items():
+            lines += ["", f"DTGPruner {label}, over `min_probability`:", "",
+                      "| min_probability | S mean | R max | R = 0 |", "|---|---|---|---|"]
+            lines += [f"| {p['min_probability']} | {p['saved_mean']:.3f} | {p['regret_max']:.4f} | "
+                      f"{p['regret_zero_share']:.0%} |" for p in pts]
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweeps = results["sweeps"]
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 4), squeeze=False)
+    for ax, (name, res) in zip(axes[0], sweeps.items()):
+        for label, pts in res.get("curve", {}).items():
+            ax.plot([p["regret_mean"] for p in pts], [p["saved_mean"] for p in pts], "o-", label=f"DTG {label}")
+        for m, s in res["methods"].items():
+            if not m.startswith("DTG"):
+                ax.scatter([s["regret_mean"]], [s["saved_mean"]], marker="x")
+                ax.annotate(m.replace("Pruner", ""), (s["regret_mean"], s["saved_mean"]), fontsize=7)
+        ax.set_title(f"{name} ({res['model']})")
+        ax.set_xlabel("mean regret (accuracy)")
+        ax.set_ylabel("compute saved")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,385 @@
+r"""Early stopping from a run's checkpoints so far: the rule shared by the Optuna pruner
+(:mod:`dtg_gpu.integrations.optuna`), the Ray Tune scheduler and stopper
+(:mod:`dtg_gpu.integrations.ray_tune`) and ``dtg watch``.
+
+A checkpoint is summarised once, when it is written, by :func:`checkpoint_record`: the five
+centrality statistics of its graph (SPEC step 4.1), :math:`\log\lambda_1`, the five statistics
+of each layer's nodes and the weight statistics of each layer: a few dozen numbers, JSON-able,
+stored beside the checkpoint. Decisions read only these records (and the values a run
+reported), so they are the same in any process and after a restart.
+
+At checkpoint ``k`` of a running trial, :class:`StoppingRule` turns the first ``k`` records
+into the temporal feature of the SPEC (:func:`~dtg_gpu.features.temporal_features`) and asks
+for :math:`P(\text{sufficient})`:
+
+* from a given :class:`~dtg_gpu.predictor.PerformancePredictor` (trained on an earlier sweep,
+  at its own ``k``), or
+* learned online from the finished runs of the same study: their first ``k`` records,
+  labelled by their final value against ``threshold`` (default: the median of the finished
+  runs' final values, in the study's direction); a standardised, L2-regularised logistic
+  regression, refitted only when a run finishes.
+
+A run is stopped when :math:`P < ` ``min_probability`` at ``patience`` consecutive checks. A
+run whose weights are no longer finite is stopped at once: SGD does not come back from NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .features import check_alpha, temporal_features
+
+__all__ = ["FEATURE_SETS", "checkpoint_record", "run_records", "feature_vector", "is_diverged",
+           "StoppingRule"]
+
+FEATURE_SETS = ("dtg", "dtg+eigenvalue", "dtg_per_layer", "dtg_per_layer+eigenvalue", "dtg+weight_stats")
+
+
+def _floats(x) -> list:
+    return [float(v) if math.isfinite(v) else None for v in (float(u) for u in x)]
+
+
+def _as_array(x) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in x], dtype=float)
+
+
+def _records_from_stats(stats: torch.Tensor, weight_stats: Sequence[Sequence[float]]) -> list[dict]:
+    s = stats.double()
+    return [{"dtg": _floats(s[t, :5]), "per_layer": _floats(s[t, 5:-1]),
+             "log_eigenvalue": _floats(s[t, -1:])[0], "weight_stats": _floats(weight_stats[t])}
+            for t in range(s.shape[0])]
+
+
+def run_records(run, device=None, start: int = 0) -> list[dict]:
+    """The :func:`checkpoint_record` of each checkpoint of ``run`` from ``start`` on, solved as
+    one batch.
+
+    Raises
+    ------
+    CheckpointError, TopologyError
+        A checkpoint cannot be read or the model cannot be traced (names it).
+    """
+    from .analysis import featurize_with_failures
+    from .baselines import tensor_statistics
+    from .checkpoints import Run
+    from .exceptions import CheckpointError
+
+    part = Run(model=run.model, checkpoints=list(run.checkpoints)[start:], name=run.name,
+               meta=run.meta, prefix=run.prefix)
+    if len(part) == 0:
+        return []
+    _, stats, failures = featurize_with_failures([part], timesteps=len(part), eigenvalue=True,
+                                                 per_layer=True, device=device, strict=True)
+    if failures:   # pragma: no cover - strict raises first
+        raise CheckpointError(next(iter(failures.values())))
+    params = part.topology.params
+    ws = []
+    for t in range(len(part)):
+        w = part.weights(t)
+        ws.append([v for p in params for v in tensor_statistics(w[p])])
+    return _records_from_stats(stats[0], ws)
+
+
+def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None,
+                      device=None) -> dict:
+    r"""Summarise one checkpoint for early stopping.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The architecture (traced once per architecture).
+    state : mapping, optional
+        The checkpoint's state dict (default: the model's current weights).
+    device : optional
+        Where the centrality is solved (default: CUDA when available).
+
+    Returns
+    -------
+    dict
+        ``dtg`` (the five statistics of the centrality vector), ``log_eigenvalue``
+        (:math:`\log\lambda_1`), ``per_layer`` (the five statistics of each layer's nodes, see
+        :func:`~dtg_gpu.statistics.layer_node_groups`), ``weight_stats`` (mean, std and five
+        quantiles of each weight layer). Non-finite numbers are ``None`` (JSON-able).
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> rec = checkpoint_record(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
+    >>> len(rec["dtg"]), len(rec["weight_stats"])
+    (5, 14)
+    """
+    from .checkpoints import Run
+
+    if state is None:
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+    return run_records(Run(model=model, checkpoints=[dict(state)]), device=device)[0]
+
+
+def _columns(rec: Mapping[str, Any], features: str) -> list:
+    cols = list(rec.get("dtg") or [None] * 5)
+    if features.startswith("dtg_per_layer"):
+        cols += list(rec.get("per_layer") or [])
+    if features.endswith("+eigenvalue"):
+        cols.append(rec.get("log_eigenvalue"))
+    return cols
+
+
+def feature_vector(records: Sequence[Mapping[str, Any]], k: int, features: str = "dtg", alpha: float = 0.5,
+                   values: Sequence[float | None] | None = None) -> np.ndarray:
+    """The feature of a run's first ``k`` checkpoint records: the SPEC's temporal feature
+    (``5·k`` numbers for ``"dtg"``), then the weight statistics of checkpoint ``k``
+    (``"dtg+weight_stats"``), then the first ``k`` reported values when ``values`` is given.
+
+    Examples
+    --------
+    >>> recs = [{"dtg": [1.0, 2, 3, 4, 5]}, {"dtg": [3.0, 2, 1, 0, 5]}]
+    >>> feature_vector(recs, 2).tolist()
+    [1.0, 2.0, 3.0, 4.0, 5.0, 2.0, 2.0, 2.0, 2.0, 5.0]
+    """
+    if features not in FEATURE_SETS:
+        raise ValueError(f"features must be one of {', '.join(FEATURE_SETS)}; got {features!r}")
+    if not 1 <= k <= len(records):
+        raise ValueError(f"k must be in [1, {len(records)}], got {k!r}")
+    rows = [_as_array(_columns(r, features)) for r in records[:k]]
+    width = {len(r) for r in rows}
+    if len(width) != 1:
+        raise ValueError("checkpoint records of one run have different widths (per-layer statistics of "
+                         "different architectures?)")
+    stats = torch.from_numpy(np.stack(rows))
+    out = [temporal_features(stats, check_alpha(alpha)).numpy()]
+    if features == "dtg+weight_stats":
+        out.append(_as_array(records[k - 1].get("weight_stats") or []))
+    if values is not None:
+        out.append(_as_array(list(values)[:k]))
+    return np.concatenate(out)
+
+
+def _quantile_label(x: Any) -> bool:
+    """``"q0.75"``: sufficient = in the best 25 % of the finished runs (as ``label_runs``)."""
+    if not isinstance(x, str) or not x.startswith("q"):
+        return False
+    try:
+        return 0 < float(x[1:]) < 1
+    except ValueError:
+        return False
+
+
+def _finite_record(rec: Mapping[str, Any]) -> bool:
+    d = rec.get("dtg")
+    return bool(d) and all(v is not None for v in d)
+
+
+def is_diverged(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the latest checkpoint's centrality statistics are not finite (its weights
+    hold a NaN or an infinity, or its graph could not be solved)."""
+    return bool(records) and not _finite_record(records[-1])
+
+
+@dataclass
+class StoppingRule:
+    r"""Stop a run when :math:`P(\text{sufficient})` stays below ``min_probability``.
+
+    Parameters
+    ----------
+    predictor : PerformancePredictor, optional
+        Used as is, at its own ``feature_settings`` (``timesteps``, ``alpha``, ``eigenvalue``,
+        ``per_layer``); before a run has that many checkpoints it is not judged. ``None``:
+        learn online from the finished runs.
+    features : str, default "dtg_per_layer"
+        One of :data:`FEATURE_SETS` (online learning only). The default adds the five
+        statistics of each layer's nodes to the SPEC's five of the whole graph (an option
+        beyond SPEC, as in ``featurize(per_layer=True)``): on the replayed digits LeNet-5 sweep
+        the global statistics alone let the pruner save 12 % of the compute, per-layer ones
+        55 % (``benchmarks/results/early_stopping.md``).
+    threshold : "median", "qX" or float, default "median"
+        What *sufficient* means for a finished run: its final value at least (``maximize``)
+        or at most (``minimize``) this; ``"median"``: the median of the finished runs;
+        ``"q0.75"``: their 75th percentile in the study's direction (the best quarter is
+        sufficient), as in :func:`~dtg_gpu.predictor.label_runs`.
+    direction : {"maximize", "minimize"}
+    min_probability : float, default 0.3
+    patience : int, default 1
+        Consecutive checks below ``min_probability`` before stopping.
+    n_startup_trials : int, default 10
+        Finished runs needed (with both labels among them) before anything is stopped.
+    n_warmup_steps : int, default 0
+        Checkpoints at steps below this are never judged.
+    use_values : bool or "auto", default "auto"
+        Append the values the run reported at its first ``k`` checkpoints to the feature
+        (validation accuracy or loss: data). ``"auto"``: when the run and every finished run
+        used for training reported one at each of those checkpoints; ``False``: data-free.
+    alpha : float, default 0.5
+        Temporal reinforcement constant (SPEC).
+    C : float, default 1.0
+        Inverse L2 strength of the online logistic regression.
+    """
+
+    predictor: Any = None
+    features: str = "dtg_per_layer"
+    threshold: Any = "median"
+    direction: str = "maximize"
+    min_probability: float = 0.3
+    patience: int = 1
+    n_startup_trials: int = 10
+    n_warmup_steps: int = 0
+    use_values: Any = "auto"
+    alpha: float = 0.5
+    C: float = 1.0
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.features not in FEATURE_SETS:
+            raise ValueError(f"features must be one of {', '.join(FEATURE_SETS)}; got {self.features!r}")
+        if self.direction not in ("maximize", "minimize"):
+            raise ValueError(f"direction must be 'maximize' or 'minimize', got {self.direction!r}")
+        if not (isinstance(self.min_probability, (int, float)) and 0 <= self.min_probability <= 1):
+            raise ValueError(f"min_probability must be in [0, 1], got {self.min_probability!r}")
+        for name in ("patience", "n_startup_trials", "n_warmup_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "patience" else 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'patience' else 'non-negative'} "
+                                 f"integer, got {v!r}")
+        if not (self.threshold == "median" or _quantile_label(self.threshold) or (isinstance(self.threshold, (int, float))
+                                               and not isinstance(self.threshold, bool)
+                                               and math.isfinite(self.threshold))):
+            raise ValueError(f"threshold must be 'median' or a finite number, got {self.threshold!r}")
+        if self.use_values not in (True, False, "auto"):
+            raise ValueError(f"use_values must be True, False or 'auto', got {self.use_values!r}")
+        if not (isinstance(self.C, (int, float)) and self.C > 0):
+            raise ValueError(f"C must be positive, got {self.C!r}")
+        check_alpha(self.alpha)
+        if self.predictor is not None:
+            fs = getattr(self.predictor, "feature_settings", None) or {}
+            k = fs.get("timesteps")
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not hasattr(self.predictor, "classes_"):
+                raise ValueError("predictor must be a fitted PerformancePredictor with feature_settings "
+                                 "(timesteps, alpha), as `dtg train` saves it")
+
+    # ------------------------------------------------------------------ labels
+    def labels(self, finals: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(y, cut)``: 1 for a sufficient final value. When ties at the cut would make every
+        run sufficient (most runs stuck at chance accuracy, the median among them), the runs at
+        the cut are insufficient."""
+        finals = np.asarray(finals, dtype=float)
+        ok = np.isfinite(finals)
+        if isinstance(self.threshold, str):
+            q = 0.5 if self.threshold == "median" else float(self.threshold[1:])
+            if self.direction == "minimize":
+                q = 1 - q
+            cut = float(np.quantile(finals[ok], q)) if ok.any() else float("nan")
+        else:
+            cut = float(self.threshold)
+        better = np.greater if self.direction == "maximize" else np.less
+        y = (better(finals, cut) | (finals == cut)) & ok
+        if y[ok].all():
+            y = better(finals, cut) & ok
+        return y.astype(int), cut
+
+    # ------------------------------------------------------------- probability
+    def _given(self, records: Sequence[Mapping], values) -> float | None:
+        fs = self.predictor.feature_settings
+        k = int(fs["timesteps"])
+        if len(records) < k:
+            return None
+        feats = ("dtg_per_layer" if fs.get("per_layer") else "dtg") + ("+eigenvalue" if fs.get("eigenvalue") else "")
+        x = feature_vector(records, k, feats, float(fs.get("alpha", self.alpha)))
+        return float(self.predictor.predict_proba(x[None, :])[0, list(self.predictor.classes_).index(1)])
+
+    def probability(self, records: Sequence[Mapping], values: Sequence[float | None] | None,
+                    finished: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None, float]]
+                    ) -> float | None:
+        r""":math:`P(\text{sufficient})` of a running run after its ``len(records)`` checkpoints.
+
+        Parameters
+        ----------
+        records : sequence of dict
+            The run's :func:`checkpoint_record` s, in time order.
+        values : sequence of float or None, optional
+            The value it reported at each of those checkpoints (None where it did not).
+        finished : sequence of ``(key, records, values, final_value)``
+            The finished runs to learn from (online mode); ``key`` identifies a run (its fit
+            is cached while the set of finished runs does not change).
+
+        Returns
+        -------
+        float or None
+            None when there is nothing to decide from yet (too few finished runs or one label
+            only, a warm-up step, fewer checkpoints than a given predictor needs). 0.0 when the
+            run's latest weights are not finite.
+        """
+        if not records:
+            return None
+        if not _finite_record(records[-1]):
+            return 0.0
+        if self.predictor is not None:
+            return self._given(records, values)
+        k = len(records)
+        rows = [(key, r, v, f) for key, r, v, f in finished
+                if len(r) >= k and f is not None and math.isfinite(f)]
+        if len(rows) < max(self.n_startup_trials, 2):
+            return None
+        use = self._uses_values(k, values, rows)
+        key = (k, use, tuple(sorted(str(r[0]) for r in rows)))
+        model = self._cache.get(key)
+        if model is None:
+            model = self._fit(rows, k, use)
+            if len(self._cache) > 256:
+                self._cache = {"features": self._cache.get("features", {})}
+            self._cache[key] = model
+        if model == "one-class":
+            return None
+        x = feature_vector(records, k, self.features, self.alpha, values if use else None)
+        x = np.where(np.isfinite(x), x, model[2])
+        return float(model[0].predict_proba(x[None, :])[0, 1])
+
+    def _uses_values(self, k, values, rows) -> bool:
+        if self.use_values is False:
+            return False
+
+        def full(v) -> bool:
+            return v is not None and len(v) >= k and all(u is not None and math.isfinite(u) for u in list(v)[:k])
+
+        have = full(values) and all(full(r[2]) for r in rows)
+        if self.use_values is True and not have:
+            return False   # the value is missing somewhere: decide from the weights alone
+        return have
+
+    def _fit(self, rows, k: int, use_values: bool):
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        y, _ = self.labels(np.array([r[3] for r in rows], dtype=float))
+        feats = self._cache.setdefault("features", {})
+        if len(feats) > 100_000:
+            feats.clear()
+        xs = []
+        for r in rows:   # a finished run's feature at k never changes: computed once
+            fk = (r[0], k, use_values)
+            if fk not in feats:
+                feats[fk] = feature_vector(r[1], k, self.features, self.alpha, r[2] if use_values else None)
+            xs.append(feats[fk])
+        X = np.stack(xs)
+        good = np.isfinite(X).all(axis=1)
+        X, y = X[good], y[good]   # diverged finished runs: nothing to learn from their NaNs
+        if X.shape[0] < 2 or np.bincount(y, minlength=2).min() < 1:
+            return "one-class"
+        fill = X.mean(axis=0)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=2000))
+        clf.fit(X, y)
+        return (clf, None, fill)
+
+    # ----------------------------------------------------------------- decision
+    def should_stop(self, history: Sequence[float | None], diverged: bool = False) -> bool:
+        """Stop after ``patience`` consecutive probabilities below ``min_probability``, or at
+        once when the run's latest weights are not finite (``diverged``, see
+        :func:`is_diverged`)."""
+        if diverged:
+            return True
+        tail = list(history)[-self.patience:]
+        return len(tail) == self.patience and all(p is not None and p < self.min_probability for p in tail)

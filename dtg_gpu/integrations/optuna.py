@@ -1,0 +1,290 @@
+r"""Prune Optuna trials from their checkpoints: :class:`DTGPruner` and :func:`report`.
+
+In the objective, call :func:`report` where you would call ``trial.report``::
+
+    import optuna
+    from dtg_gpu.integrations.optuna import DTGPruner, report
+
+    def objective(trial):
+        model = build(trial.suggest_float("lr", 1e-4, 1e-1, log=True))
+        for epoch in range(20):
+            train_one_epoch(model)
+            report(trial, model, epoch, value=validate(model))   # value is optional
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return test(model)
+
+    study = optuna.create_study(direction="maximize", pruner=DTGPruner(),
+                                storage="sqlite:///sweep.db")
+    study.optimize(objective, n_trials=100)
+
+:func:`report` saves the model's weights as the trial's checkpoint at ``step``
+(safetensors, written atomically to ``<storage file>.dtg/<study>/trial-<number>/``, beside a
+SQLite or Journal-file storage; in memory for an in-memory study), stores the checkpoint's
+:func:`~dtg_gpu.early_stopping.checkpoint_record` in the trial's system attributes
+(``dtg:step:<step>``) and calls ``trial.report(value, step)`` when a value is given. The pruner
+reads only what the trials stored, so several worker processes on one RDB or Journal storage
+see the same thing, and a study resumed on the same storage makes the same decisions (each
+decision's probability is stored too, ``dtg:p:<step>``).
+
+Multi-objective studies: Optuna supports no pruning there (``trial.report`` and
+``should_prune`` raise); :func:`report` still records checkpoints when called without a value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+try:
+    import optuna
+except ImportError:   # pragma: no cover - the extra is installed by make test
+    raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
+
+from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
+
+__all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records",
+           "trial_run"]
+
+_STEP = "dtg:step:"
+_PROB = "dtg:p:"
+_FOLDER = "dtg:checkpoint_folder"
+_MEMORY: dict[tuple[int, int], dict[int, dict[str, torch.Tensor]]] = {}
+_LOCK = threading.Lock()
+
+_MULTI = ("Optuna does not support pruning in multi-objective studies (trial.report and "
+          "trial.should_prune raise there); dtg's report() still records checkpoints when called "
+          "without a value")
+
+
+def _backend(storage):
+    return getattr(storage, "_backend", storage) if type(storage).__name__ == "_CachedStorage" else storage
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100] or "study"
+
+
+def set_checkpoint_folder(study, folder: str | os.PathLike) -> None:
+    """Record where :func:`report` writes the study's checkpoints (stored in the study, so
+    every worker uses it). Needed for storages without a local file (PostgreSQL, MySQL,
+    Redis, gRPC); ``folder`` must be on storage every worker sees."""
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    study._storage.set_study_system_attr(study._study_id, _FOLDER, str(folder))
+
+
+def checkpoint_folder(study) -> Path | None:
+    """Where the study's checkpoints are written: the folder set with
+    :func:`set_checkpoint_folder`, else ``<file>.dtg/<study name>`` beside a SQLite database
+    or a Journal file; ``None`` for an in-memory study (checkpoints kept in this process).
+
+    Raises
+    ------
+    ValueError
+        A storage without a local file and no folder set (the message says how to set one).
+    """
+    storage = study._storage
+    set_ = storage.get_study_system_attrs(study._study_id).get(_FOLDER)
+    if set_:
+        return Path(set_)
+    b = _backend(storage)
+    base: str | None = None
+    kind = type(b).__name__
+    if kind == "InMemoryStorage":
+        return None
+    if kind == "RDBStorage":
+        url = str(b.url)
+        if url.startswith("sqlite:///"):
+            path = url[len("sqlite:///"):].split("?")[0]
+            if path in ("", ":memory:"):
+                return None
+            base = path
+    elif kind == "JournalStorage":
+        base = getattr(getattr(b, "_backend", None), "_file_path", None)
+    if base is None:
+        raise ValueError(f"{kind} has no local file to keep checkpoints beside: call "
+                         "dtg_gpu.integrations.optuna.set_checkpoint_folder(study, folder) once, with a "
+                         "folder every worker sees")
+    base_path = Path(base)
+    return base_path.with_name(base_path.name + ".dtg") / _safe(study.study_name)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    return int(step)
+
+
+def report(trial, model: torch.nn.Module, step: int, value: float | None = None) -> None:
+    r"""Record ``model``'s weights as ``trial``'s checkpoint at ``step``; report ``value``.
+
+    Parameters
+    ----------
+    trial : optuna.trial.Trial
+        The running trial (the objective's argument).
+    model : torch.nn.Module
+        The network being trained (any device; its weights are copied to the CPU).
+    step : int
+        Non-negative, increasing within a trial (an epoch, a global step).
+    value : float, optional
+        The intermediate value (validation accuracy or loss) passed to
+        ``trial.report(value, step)``; the pruner may use it as one more feature.
+
+    Raises
+    ------
+    ValueError
+        A bad ``step``, a non-finite ``value``, a ``value`` in a multi-objective study, or a
+        storage with no local file and no :func:`set_checkpoint_folder`.
+    TypeError
+        ``model`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(trial, optuna.trial.Trial):
+        raise TypeError(f"trial must be the optuna.trial.Trial passed to the objective, got {type(trial).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    step = _check_step(step)
+    study = trial.study
+    if value is not None:
+        if len(study.directions) > 1:
+            raise ValueError(_MULTI)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            raise ValueError(f"value must be a finite number, got {value!r}")
+    state = {k: v.detach().to("cpu", copy=True).contiguous()
+             for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    folder = checkpoint_folder(study)
+    if folder is None:
+        with _LOCK:
+            _MEMORY.setdefault((id(_backend(study._storage)), trial._trial_id), {})[step] = state
+    else:
+        from safetensors.torch import save_file
+
+        from .._files import atomic_write
+
+        where = folder / f"trial-{trial.number:06d}"
+        where.mkdir(parents=True, exist_ok=True)
+        atomic_write(where / f"step-{step:09d}.safetensors", lambda p: save_file(state, str(p)))
+    record = checkpoint_record(model, state)
+    trial.storage.set_trial_system_attr(trial._trial_id, f"{_STEP}{step:09d}", record)
+    if value is not None:
+        trial.report(float(value), step)
+
+
+def trial_records(trial) -> tuple[list[int], list[dict]]:
+    """``(steps, records)`` a trial stored through :func:`report`, in step order."""
+    attrs = trial.system_attrs
+    steps = sorted(int(k[len(_STEP):]) for k in attrs if k.startswith(_STEP))
+    return steps, [attrs[f"{_STEP}{s:09d}"] for s in steps]
+
+
+def trial_run(study, trial, model: torch.nn.Module):
+    """The trial's recorded checkpoints as a :class:`~dtg_gpu.checkpoints.Run`, to analyse
+    with the rest of the library (``dtg_gpu.analyze(trial_run(study, t, model))``)."""
+    from ..checkpoints import Run
+
+    steps, _ = trial_records(trial)
+    folder = checkpoint_folder(study)
+    if folder is None:
+        mem = _MEMORY.get((id(_backend(study._storage)), trial._trial_id), {})
+        ckpts = [mem[s] for s in steps if s in mem]
+    else:
+        ckpts = [folder / f"trial-{trial.number:06d}" / f"step-{s:09d}.safetensors" for s in steps]
+    return Run(model=model, checkpoints=ckpts, name=f"trial-{trial.number}",
+               meta={"final_accuracy": trial.value} if trial.value is not None else {})
+
+
+def _values(trial, steps: Sequence[int]) -> list[float | None]:
+    iv = trial.intermediate_values
+    return [iv.get(s) for s in steps]
+
+
+class DTGPruner(optuna.pruners.BasePruner):
+    r"""Prune a trial whose checkpoints say it will not end sufficient.
+
+    An ``optuna.pruners.BasePruner``: at each ``trial.should_prune()``, the trial's
+    checkpoint records so far (see :func:`report`) give :math:`P(\text{sufficient})`, from
+    ``predictor`` or learned online from the study's completed trials; the trial is pruned
+    when it stays below ``min_probability`` for ``patience`` consecutive checks, or at once
+    when its weights are no longer finite. See :class:`~dtg_gpu.early_stopping.StoppingRule`.
+
+    Parameters
+    ----------
+    predictor : PerformancePredictor, optional
+        Trained on an earlier sweep (``dtg train``); used as is. Default: learn online.
+    min_probability : float, default 0.3
+    patience : int, default 1
+    n_startup_trials : int, default 10
+        Completed trials needed before anything is pruned (online learning).
+    n_warmup_steps : int, default 0
+        Steps below this are never pruned.
+    threshold : "median" or float, default "median"
+        Sufficient = final value at least (maximize) or at most (minimize) this; the
+        study's direction is respected.
+    features : str, default "dtg_per_layer"
+        One of :data:`~dtg_gpu.early_stopping.FEATURE_SETS`; see
+        :class:`~dtg_gpu.early_stopping.StoppingRule` for why per-layer statistics are the default.
+    use_values : bool or "auto", default "auto"
+        Also learn from the values reported with :func:`report` when every trial has them
+        (``False``: data-free).
+    alpha : float, default 0.5
+
+    Notes
+    -----
+    ``DTGPruner()`` suits a study of ~100 trials; the replay benchmark
+    (``benchmarks/bench_early_stopping.py``) measures these defaults against Optuna's
+    pruners. Optuna refuses pruning in multi-objective studies, and so does this pruner.
+    """
+
+    def __init__(self, predictor=None, *, min_probability: float = 0.3, patience: int = 1,
+                 n_startup_trials: int = 10, n_warmup_steps: int = 0, threshold: Any = "median",
+                 features: str = "dtg_per_layer", use_values: Any = "auto", alpha: float = 0.5) -> None:
+        self._params = dict(predictor=predictor, min_probability=min_probability, patience=patience,
+                            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps,
+                            threshold=threshold, features=features, use_values=use_values, alpha=alpha)
+        self._rules: dict[str, StoppingRule] = {}
+        self._rule("maximize")   # validates the parameters now, not at the first prune
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self._params.items() if k != "predictor")
+        return f"DTGPruner({'predictor=..., ' if self._params['predictor'] is not None else ''}{shown})"
+
+    def _rule(self, direction: str) -> StoppingRule:
+        if direction not in self._rules:
+            self._rules[direction] = StoppingRule(direction=direction, **self._params)
+        return self._rules[direction]
+
+    def probability(self, study, trial) -> float | None:
+        r""":math:`P(\text{sufficient})` of ``trial`` (a ``FrozenTrial``) now; None when there
+        is nothing to decide from yet."""
+        if len(study.directions) > 1:
+            raise ValueError(_MULTI)
+        steps, records = trial_records(trial)
+        if not steps or steps[-1] < self._params["n_warmup_steps"]:
+            return None
+        direction = "maximize" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "minimize"
+        rule = self._rule(direction)
+        finished = []
+        if rule.predictor is None:
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+                s, r = trial_records(t)
+                if r and t.value is not None:
+                    finished.append(((study.study_name, t.number), r, _values(t, s), t.value))
+        return rule.probability(records, _values(trial, steps), finished)
+
+    def prune(self, study, trial) -> bool:
+        """Optuna's pruner interface: ``True`` to prune ``trial`` now."""
+        steps, records = trial_records(trial)
+        if not steps:
+            return False
+        p = self.probability(study, trial)
+        study._storage.set_trial_system_attr(trial._trial_id, f"{_PROB}{steps[-1]:09d}", p)
+        attrs = trial.system_attrs
+        history = [attrs.get(f"{_PROB}{s:09d}") for s in steps[:-1]] + [p]
+        return self._rule("maximize").should_stop(history, diverged=is_diverged(records))
+

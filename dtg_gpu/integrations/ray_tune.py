@@ -1,0 +1,295 @@
+r"""Stop Ray Tune trials from their checkpoints: :class:`DTGScheduler` and :class:`DTGStopper`.
+
+The trainable reports a checkpoint with each result, as Tune users do already::
+
+    def train_fn(config):
+        model = build(config)
+        for epoch in range(20):
+            train_one_epoch(model)
+            with tempfile.TemporaryDirectory() as d:
+                safetensors.torch.save_file(model.state_dict(), f"{d}/model.safetensors")
+                ray.tune.report({"val_acc": validate(model)}, checkpoint=ray.tune.Checkpoint.from_directory(d))
+
+    tuner = ray.tune.Tuner(train_fn, param_space=...,
+        tune_config=ray.tune.TuneConfig(metric="val_acc", mode="max",
+                                        scheduler=DTGScheduler(model=build)))
+
+At each result that carries a checkpoint (``checkpoint_dir_name``), the scheduler reads the
+weights file in it (``*.safetensors`` preferred, else ``*.pt``/``*.pth``/``*.bin``/``*.ckpt``,
+read with ``weights_only=True``), summarises it with
+:func:`~dtg_gpu.early_stopping.checkpoint_record` and applies the same
+:class:`~dtg_gpu.early_stopping.StoppingRule` as the Optuna pruner: learn online from the trials
+that finished, ``STOP`` a trial whose :math:`P(\text{sufficient})` stays below
+``min_probability`` for ``patience`` results. ``metric``/``mode`` is the final value that labels
+finished trials (and, with ``use_values``, one more feature).
+
+Resuming: Tune does not keep a scheduler's state across ``Tuner.restore``. This one needs none:
+a restored trial that had finished is rebuilt from its checkpoints on storage and its last
+result, and a trial this scheduler stopped leaves a ``dtg-stopped.json`` in its folder so it is
+never learnt from as if it had finished.
+
+:class:`DTGStopper` applies the rule as a ``tune.Stopper`` for users who keep ASHA or another
+scheduler; a stopper is not told where a trial's folder is, so it takes ``experiment_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+try:
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+    from ray.tune.stopper import Stopper
+except ImportError:   # pragma: no cover - the extra is installed by make test
+    raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
+
+from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
+
+__all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+_MARKER = "dtg-stopped.json"
+
+
+def checkpoint_weights(folder: str | os.PathLike, name: str | None = None) -> dict[str, torch.Tensor]:
+    """The state dict in a reported checkpoint folder: ``name`` if given, else the one
+    ``*.safetensors`` file (else the one ``.pt``/``.pth``/``.bin``/``.ckpt``), read safely.
+
+    Raises
+    ------
+    CheckpointError
+        No weights file, several candidates and no ``name``, or an unreadable file.
+    """
+    from .._files import confined_path
+    from ..checkpoints import load_state_dict
+    from ..exceptions import CheckpointError
+
+    folder = Path(folder)
+    if name is not None:
+        return load_state_dict(confined_path(folder, name, what=f"checkpoint folder {folder}"))
+    for suffix in _WEIGHT_SUFFIXES:
+        files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(suffix))
+        if len(files) == 1:
+            return load_state_dict(files[0])
+        if len(files) > 1:
+            raise CheckpointError(f"{folder}: several {suffix} files ({', '.join(p.name for p in files[:4])}); "
+                                  "pass checkpoint_file= to name the weights")
+    raise CheckpointError(f"{folder}: no weights file ({', '.join(_WEIGHT_SUFFIXES)}) in the reported checkpoint")
+
+
+class _State:
+    """What the rule needs, per trial: checkpoint records, reported values, finished runs."""
+
+    def __init__(self, model, metric, mode, checkpoint_file, rule_kw):
+        if model is None or not (isinstance(model, torch.nn.Module) or callable(model)):
+            raise TypeError("model must be the trials' torch.nn.Module, or a callable config -> Module")
+        self.model, self.metric, self.mode = model, metric, mode
+        self.checkpoint_file = checkpoint_file
+        self.rule_kw = rule_kw
+        self.rule = self._make_rule()
+        self.records: dict[str, list[dict]] = {}
+        self.values: dict[str, list[float | None]] = {}
+        self.history: dict[str, list[float | None]] = {}
+        self.finished: dict[str, tuple] = {}
+        self.stopped: set[str] = set()
+        self._models: dict[str, torch.nn.Module] = {}
+
+    def _make_rule(self) -> StoppingRule:
+        direction = "minimize" if self.mode == "min" else "maximize"
+        return StoppingRule(direction=direction, **self.rule_kw)
+
+    def set_properties(self, metric, mode) -> None:
+        if self.metric is None and metric is not None:
+            self.metric = metric
+        if self.mode is None and mode is not None:
+            self.mode = mode
+            self.rule = self._make_rule()
+
+    def _model(self, trial_id: str, config: dict) -> torch.nn.Module:
+        if trial_id not in self._models:
+            m = self.model if isinstance(self.model, torch.nn.Module) else self.model(config)
+            if not isinstance(m, torch.nn.Module):
+                raise TypeError(f"model(config) returned {type(m).__name__}, not a torch.nn.Module")
+            self._models[trial_id] = m
+        return self._models[trial_id]
+
+    def record_of(self, trial_id: str, config: dict, folder: Path) -> dict:
+        return checkpoint_record(self._model(trial_id, config), checkpoint_weights(folder, self.checkpoint_file))
+
+    def value_of(self, result: dict) -> float | None:
+        v = result.get(self.metric) if self.metric else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    def observe(self, trial_id: str, config: dict, folder: Path | None, result: dict) -> bool:
+        """Take one result; True to stop the trial."""
+        if folder is None:
+            return False
+        recs = self.records.setdefault(trial_id, [])
+        recs.append(self.record_of(trial_id, config, folder))
+        self.values.setdefault(trial_id, []).append(self.value_of(result))
+        finished = [(k, *v) for k, v in self.finished.items()]
+        p = self.rule.probability(recs, self.values[trial_id], finished)
+        hist = self.history.setdefault(trial_id, [])
+        hist.append(p)
+        return self.rule.should_stop(hist, diverged=is_diverged(recs))
+
+    def complete(self, trial_id: str, result: dict | None) -> None:
+        if trial_id in self.stopped or not self.records.get(trial_id):
+            return
+        final = self.value_of(result or {})
+        if final is not None:
+            self.finished[trial_id] = (self.records[trial_id], self.values[trial_id], final)
+
+
+def _trial_folder(trial) -> Path | None:
+    try:
+        fs_path = trial.storage.trial_fs_path
+    except Exception:   # a trial without a folder yet
+        return None
+    return Path(fs_path)
+
+
+def _mark_stopped(folder: Path | None, trial_id: str) -> None:
+    if folder is None or not folder.is_dir():
+        return
+    from .._files import atomic_write
+
+    try:
+        atomic_write(folder / _MARKER, json.dumps({"trial_id": trial_id, "stopped_by": "dtg_gpu"}))
+    except OSError:   # remote storage: the marker is an optimisation for restores
+        pass
+
+
+class DTGScheduler(FIFOScheduler):
+    r"""A FIFO ``TrialScheduler`` that stops trials whose checkpoints say they will not end
+    sufficient (``TrialScheduler.STOP``), else ``CONTINUE``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module or callable
+        The trials' architecture, or ``config -> Module`` when it depends on the trial's
+        config (built once per trial, on the meta device is fine).
+    metric, mode : str, optional
+        The value that labels finished trials (default: ``TuneConfig``'s).
+    checkpoint_file : str, optional
+        The weights file's name inside each reported checkpoint folder (default: found).
+    predictor, min_probability, patience, n_startup_trials, n_warmup_steps, threshold, features,
+    use_values, alpha
+        As in :class:`~dtg_gpu.integrations.optuna.DTGPruner`; ``n_warmup_steps`` counts
+        checkpoints.
+    """
+
+    def __init__(self, model: torch.nn.Module | Callable[[dict], torch.nn.Module], *,
+                 metric: str | None = None, mode: str | None = None, checkpoint_file: str | None = None,
+                 predictor=None, min_probability: float = 0.3, patience: int = 1,
+                 n_startup_trials: int = 10, n_warmup_steps: int = 0, threshold: Any = "median",
+                 features: str = "dtg_per_layer", use_values: Any = "auto", alpha: float = 0.5) -> None:
+        super().__init__()
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self._metric = metric
+        self._dtg = _State(model, metric, mode, checkpoint_file, dict(
+            predictor=predictor, min_probability=min_probability, patience=patience,
+            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps, threshold=threshold,
+            features=features, use_values=use_values, alpha=alpha))
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
+        self._dtg.set_properties(metric, mode)
+        if self._metric is None:
+            self._metric = metric
+        return True
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        """A restored trial that had finished is rebuilt from its checkpoints on storage."""
+        if getattr(trial, "status", None) != "TERMINATED" or trial.trial_id in self._dtg.finished:
+            return
+        folder = _trial_folder(trial)
+        if folder is None or not folder.is_dir():
+            return
+        if (folder / _MARKER).exists():
+            self._dtg.stopped.add(trial.trial_id)
+            return
+        ckpts = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("checkpoint_"))
+        if not ckpts:
+            return
+        self._dtg.records[trial.trial_id] = [self._dtg.record_of(trial.trial_id, trial.config, c) for c in ckpts]
+        self._dtg.values[trial.trial_id] = [None] * len(ckpts)   # values per checkpoint are not kept by Tune
+        self._dtg.complete(trial.trial_id, trial.last_result)
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        if result.get("done"):   # Tune repeats a finished trial's last result with done=True
+            return TrialScheduler.CONTINUE
+        name = result.get("checkpoint_dir_name")
+        folder = _trial_folder(trial)
+        where = folder / name if (folder is not None and name) else None
+        if self._dtg.observe(trial.trial_id, trial.config, where, result):
+            self._dtg.stopped.add(trial.trial_id)
+            _mark_stopped(folder, trial.trial_id)
+            return TrialScheduler.STOP
+        return TrialScheduler.CONTINUE
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        self._dtg.complete(trial.trial_id, result)
+
+    def probability_history(self, trial_id: str) -> list[float | None]:
+        r""":math:`P(\text{sufficient})` at each checkpoint of a trial (None: no decision yet)."""
+        return list(self._dtg.history.get(trial_id, []))
+
+    def debug_string(self) -> str:
+        return (f"DTGScheduler: {len(self._dtg.finished)} finished trials learnt from, "
+                f"{len(self._dtg.stopped)} stopped")
+
+
+class DTGStopper(Stopper):
+    """The same rule as a ``tune.Stopper`` (keep ASHA or any scheduler).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trials' architecture (one for all trials: a stopper is not given their config).
+    experiment_path : str or path
+        The experiment's folder (``RunConfig(storage_path=..., name=...)``:
+        ``storage_path/name``), where each trial's folder is found by its id.
+    metric, mode : str
+        The value that labels finished trials.
+    checkpoint_file, predictor, min_probability, patience, n_startup_trials, n_warmup_steps,
+    threshold, features, use_values, alpha
+        As in :class:`DTGScheduler`.
+    """
+
+    def __init__(self, model: torch.nn.Module, experiment_path: str | os.PathLike, *, metric: str,
+                 mode: str = "max", checkpoint_file: str | None = None, predictor=None,
+                 min_probability: float = 0.3, patience: int = 1, n_startup_trials: int = 10,
+                 n_warmup_steps: int = 0, threshold: Any = "median", features: str = "dtg_per_layer",
+                 use_values: Any = "auto", alpha: float = 0.5) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.experiment_path = Path(experiment_path)
+        self._dtg = _State(model, metric, mode, checkpoint_file, dict(
+            predictor=predictor, min_probability=min_probability, patience=patience,
+            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps, threshold=threshold,
+            features=features, use_values=use_values, alpha=alpha))
+
+    def _folder(self, trial_id: str) -> Path | None:
+        hits = [p for p in self.experiment_path.glob(f"*{trial_id}*") if p.is_dir()]
+        return hits[0] if len(hits) == 1 else None
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if result.get("done"):
+            self._dtg.complete(trial_id, result)
+            return False
+        name = result.get("checkpoint_dir_name")
+        folder = self._folder(trial_id) if name else None
+        stop = self._dtg.observe(trial_id, {}, folder / name if folder is not None else None, result)
+        if stop:
+            self._dtg.stopped.add(trial_id)
+            _mark_stopped(folder, trial_id)
+        return stop
+
+    def stop_all(self) -> bool:
+        return False

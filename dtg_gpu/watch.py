@@ -1,0 +1,172 @@
+r"""Watch a sweep folder while it trains: each run's :math:`P(\text{sufficient})` and a
+stop/continue verdict as its checkpoints land, outside any framework (``dtg watch``).
+
+A run folder counts as finished when its ``run.json`` says ``complete`` (``dtg sweep``'s
+format); until then its checkpoint files are read as they appear (files are written under a
+temporary name and renamed, so a half-written one is never seen). Finished runs with a
+``final_accuracy`` teach the online rule; a given predictor is used as is. Each checkpoint is
+summarised once (:func:`~dtg_gpu.early_stopping.run_records`), so a pass costs only the new
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .early_stopping import StoppingRule, is_diverged, run_records
+
+__all__ = ["Verdict", "SweepWatcher"]
+
+_SHAPES = {"digits": (10, 1), "mnist": (10, 1), "cifar10": (10, 3), "cifar100": (100, 3)}
+
+
+@dataclass
+class Verdict:
+    """One run's state at one pass of the watcher."""
+
+    run: str
+    checkpoints: int
+    p_sufficient: float | None
+    verdict: str          # "stop", "continue", "wait" (nothing to decide from yet), "finished", "failed"
+    final_accuracy: float | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "checkpoints": self.checkpoints, "p_sufficient": self.p_sufficient,
+                "verdict": self.verdict, "final_accuracy": self.final_accuracy, "error": self.error}
+
+
+@dataclass
+class _Seen:
+    files: list = field(default_factory=list)
+    records: list = field(default_factory=list)
+    history: list = field(default_factory=list)
+
+
+class SweepWatcher:
+    """Verdicts for every run of a sweep folder, recomputed incrementally at each :meth:`poll`.
+
+    Parameters
+    ----------
+    sweep : path
+        A ``dtg sweep`` folder (``sweep.json``), or any folder of run folders (then pass
+        ``model``).
+    rule : StoppingRule, optional
+        Default: ``StoppingRule()`` (online learning from the finished runs).
+    model : torch.nn.Module, optional
+        The runs' architecture; default: built from ``run.json``/``sweep.json``.
+    device : optional
+    """
+
+    def __init__(self, sweep: str | os.PathLike, rule: StoppingRule | None = None,
+                 model: torch.nn.Module | None = None, device=None) -> None:
+        self.sweep = Path(sweep)
+        if not self.sweep.is_dir():
+            raise FileNotFoundError(f"{self.sweep}: sweep folder not found")
+        self.rule = rule or StoppingRule()
+        self.model = model
+        self.device = device
+        self._seen: dict[str, _Seen] = {}
+
+    # --------------------------------------------------------------- the folder
+    def run_folders(self) -> list[Path]:
+        """The run folders: those ``sweep.json`` lists (in grid order), else every subfolder."""
+        from ._files import confined_path
+        from .checkpoints import read_manifest
+
+        manifest = self.sweep / "sweep.json"
+        if manifest.is_file():
+            meta = read_manifest(manifest)
+            names = meta.get("runs") if isinstance(meta, dict) else None
+            if isinstance(names, list):
+                return [confined_path(self.sweep, n, what=f"{manifest}: runs[{i}]") for i, n in enumerate(names)]
+        return sorted((d for d in self.sweep.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                      key=lambda d: d.name)
+
+    def _sweep_model(self) -> torch.nn.Module:
+        """The model of a ``dtg sweep`` folder, from ``sweep.json`` (runs still training have no
+        ``run.json`` yet)."""
+        from .checkpoints import CheckpointError, read_manifest
+        from .models import build_model
+
+        manifest = self.sweep / "sweep.json"
+        cfg = read_manifest(manifest).get("config", {}) if manifest.is_file() else {}
+        if not isinstance(cfg, dict) or "model" not in cfg:
+            raise CheckpointError(f"{self.sweep}: no sweep.json naming the model; pass model=")
+        classes, channels = _SHAPES.get(str(cfg.get("dataset", "")).lower().replace("-", ""), (10, 3))
+        kwargs = {"num_classes": classes, "in_channels": channels, **(cfg.get("model_kwargs") or {})}
+        with torch.device("meta"):
+            return build_model(cfg["model"], **kwargs)
+
+    def _run_of(self, folder: Path):
+        """``(Run, finished)`` for one folder; a folder with no checkpoint yet gives ``(None, False)``."""
+        from .checkpoints import Run, _scan_checkpoints
+        from .sweeps import _state_of
+
+        state = _state_of(folder)
+        if state == "complete":
+            return Run.from_dir(folder, model=self.model), True
+        if state != "unfinished":
+            from .exceptions import CheckpointError
+            raise CheckpointError(state)
+        files = _scan_checkpoints(folder) if folder.is_dir() else []
+        if not files:
+            return None, False
+        if self.model is None:
+            self.model = self._sweep_model()
+        return Run(model=self.model, checkpoints=files, name=folder.name), False
+
+    # ------------------------------------------------------------------- a pass
+    def poll(self) -> list[Verdict]:
+        """One pass over the sweep: summarise new checkpoints, then judge every run."""
+        from .engine import READ_ERRORS
+
+        runs: dict[str, tuple] = {}
+        out: dict[str, Verdict] = {}
+        for folder in self.run_folders():
+            name = folder.name
+            try:
+                run, finished = self._run_of(folder)
+                if run is None:
+                    out[name] = Verdict(name, 0, None, "wait")
+                    continue
+                seen = self._seen.setdefault(name, _Seen())
+                files = [str(c) for c in run.checkpoints]
+                if files[:len(seen.files)] != seen.files:   # rewritten: start over
+                    seen.files, seen.records, seen.history = [], [], []
+                if len(files) > len(seen.files):
+                    seen.records += run_records(run, device=self.device, start=len(seen.files))
+                    seen.files = files
+                runs[name] = (run, finished, seen)
+            except READ_ERRORS as exc:
+                out[name] = Verdict(name, 0, None, "failed", error=str(exc))
+        finished = [(n, s.records, None, r.final_accuracy) for n, (r, f, s) in runs.items()
+                    if f and r.final_accuracy is not None]
+        for name, (run, fin, seen) in runs.items():
+            k = len(seen.records)
+            if fin:
+                out[name] = Verdict(name, k, None, "finished", final_accuracy=run.final_accuracy)
+                continue
+            while len(seen.history) < k:   # one probability per checkpoint, judged when it lands
+                j = len(seen.history) + 1
+                seen.history.append(self.rule.probability(seen.records[:j], None, finished))
+            p = seen.history[-1] if seen.history else None
+            stop = self.rule.should_stop(seen.history, diverged=is_diverged(seen.records))
+            out[name] = Verdict(name, k, p, "stop" if stop else ("wait" if p is None else "continue"))
+        return [out[f.name] for f in self.run_folders() if f.name in out]
+
+    def watch(self, interval: float = 30.0, once: bool = False) -> Iterator[list[Verdict]]:
+        """:meth:`poll` every ``interval`` seconds until every run is finished (or once)."""
+        import time
+
+        while True:
+            verdicts = self.poll()
+            yield verdicts
+            if once or (verdicts and all(v.verdict in ("finished", "failed") for v in verdicts)):
+                return
+            time.sleep(interval)

@@ -1,0 +1,221 @@
+"""dtg_gpu.integrations.optuna: report(), DTGPruner, a real study killed and resumed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+optuna = pytest.importorskip("optuna")
+
+import dtg_gpu  # noqa: E402
+from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, feature_vector  # noqa: E402
+from dtg_gpu.integrations.optuna import (DTGPruner, checkpoint_folder, report,  # noqa: E402
+                                         set_checkpoint_folder, trial_records, trial_run)
+from dtg_gpu.statistics import timestep_statistics  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+HERE = Path(__file__).parent
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+
+
+def test_report_in_memory_records_checkpoint_and_value():
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    net = _net()
+    report(trial, net, 0, value=0.5)
+    with torch.no_grad():
+        net[0].weight.mul_(3)
+    report(trial, net, 3)
+    frozen = study.trials[0]
+    steps, recs = trial_records(frozen)
+    assert steps == [0, 3]
+    assert frozen.intermediate_values == {0: 0.5}
+    assert checkpoint_folder(study) is None
+    run = trial_run(study, frozen, _net())
+    assert len(run) == 2
+    torch.testing.assert_close(run.weights(1)["0.weight"], net[0].weight.detach())
+    # the record is the SPEC's statistics of the checkpoint's centrality
+    res = dtg_gpu.analyze(run, dtype=torch.float64)
+    np.testing.assert_allclose(recs[1]["dtg"], timestep_statistics(res.centrality)[1].numpy(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(recs[1]["log_eigenvalue"], float(res.eigenvalue[1].log()), rtol=1e-4)
+
+
+def test_report_sqlite_writes_safetensors_beside_the_database(tmp_path):
+    db = tmp_path / "study.db"
+    study = optuna.create_study(study_name="my study/1", storage=f"sqlite:///{db}")
+    trial = study.ask()
+    report(trial, _net(), 7, value=0.25)
+    folder = checkpoint_folder(study)
+    assert folder == tmp_path / "study.db.dtg" / "my_study_1"
+    files = sorted(p.name for p in (folder / "trial-000000").iterdir())
+    assert files == ["step-000000007.safetensors"]   # no temporary left behind
+    from safetensors.torch import load_file
+    torch.testing.assert_close(load_file(folder / "trial-000000" / files[0])["2.weight"], _net()[2].weight.detach())
+    # another process (a fresh load of the same storage) sees the same record and file
+    again = optuna.load_study(study_name="my study/1", storage=f"sqlite:///{db}")
+    run = trial_run(again, again.trials[0], _net())
+    assert [Path(c).name for c in run.checkpoints] == files
+
+
+def test_report_journal_storage_and_explicit_folder(tmp_path):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.create_study(storage=JournalStorage(JournalFileBackend(str(tmp_path / "j.log"))))
+    report(study.ask(), _net(), 0)
+    assert (tmp_path / "j.log.dtg" / study.study_name / "trial-000000" / "step-000000000.safetensors").is_file()
+    set_checkpoint_folder(study, tmp_path / "shared")
+    report(study.ask(), _net(), 0)
+    assert (tmp_path / "shared" / "trial-000001" / "step-000000000.safetensors").is_file()
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True, "3"])
+def test_report_refuses_bad_steps(step):
+    study = optuna.create_study()
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        report(study.ask(), _net(), step)
+
+
+def test_report_refuses_bad_values_models_and_trials():
+    study = optuna.create_study()
+    with pytest.raises(ValueError, match="value must be a finite number"):
+        report(study.ask(), _net(), 0, value=float("nan"))
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        report(study.ask(), {"w": torch.ones(2)}, 0)
+    with pytest.raises(TypeError, match="optuna.trial.Trial"):
+        report(study.trials[0], _net(), 0)
+
+
+def test_multi_objective_is_refused_clearly_but_checkpoints_record():
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    trial = study.ask()
+    with pytest.raises(ValueError, match="multi-objective"):
+        report(trial, _net(), 0, value=0.3)
+    report(trial, _net(), 0)   # no value: the checkpoint is still recorded
+    assert trial_records(study.trials[0])[0] == [0]
+    with pytest.raises(ValueError, match="multi-objective"):
+        DTGPruner().probability(study, study.trials[0])
+
+
+@pytest.mark.parametrize("kw, match", [({"min_probability": 1.5}, "min_probability"),
+                                       ({"patience": 0}, "patience"),
+                                       ({"features": "nope"}, "features"),
+                                       ({"threshold": "mean"}, "threshold"),
+                                       ({"use_values": "yes"}, "use_values"),
+                                       ({"n_startup_trials": -1}, "n_startup_trials")])
+def test_pruner_parameters_checked_when_made(kw, match):
+    with pytest.raises(ValueError, match=match):
+        DTGPruner(**kw)
+
+
+def _records(scale: float, steps: int, seed: int) -> list[dict]:
+    """Checkpoint records of a small net whose first layer grows at ``scale`` per step."""
+    net = _net(seed)
+    out = []
+    for s in range(steps):
+        with torch.no_grad():
+            net[0].weight[0].mul_(scale)
+        out.append(checkpoint_record(net))
+    return out
+
+
+def test_online_rule_learns_direction_and_prunes_the_bad_kind():
+    good = [(f"g{i}", _records(1.0, 4, i), None, 0.9 + 0.001 * i) for i in range(6)]
+    bad = [(f"b{i}", _records(2.5, 4, 10 + i), None, 0.1 + 0.001 * i) for i in range(6)]
+    rule = StoppingRule(n_startup_trials=10, min_probability=0.3, patience=2)
+    p_bad = [rule.probability(_records(2.5, 4, 99)[:k], None, good + bad) for k in range(1, 5)]
+    p_good = [rule.probability(_records(1.0, 4, 98)[:k], None, good + bad) for k in range(1, 5)]
+    assert p_bad[-1] < 0.3 < p_good[-1]
+    assert rule.should_stop(p_bad[-2:]) and not rule.should_stop(p_good)
+    # minimising: the same runs, the labels flip
+    flipped = [(k, r, v, 1 - f) for k, r, v, f in good + bad]
+    low = StoppingRule(direction="minimize", n_startup_trials=10)
+    assert low.probability(_records(2.5, 4, 99), None, flipped) < 0.3
+    # too few finished runs: no decision
+    assert rule.probability(_records(2.5, 4, 99), None, good[:3] + bad[:3]) is None
+
+
+def test_diverged_weights_stop_at_once():
+    net = _net()
+    rec = checkpoint_record(net)
+    with torch.no_grad():
+        net[0].weight[0, 0] = float("nan")
+    nan = checkpoint_record(net)
+    assert nan["dtg"] == [None] * 5
+    rule = StoppingRule()
+    assert rule.probability([rec, nan], None, []) == 0.0
+    assert rule.should_stop([None, 0.0], diverged=True)
+
+
+def test_given_predictor_is_used_at_its_own_k():
+    from dtg_gpu.predictor import PerformancePredictor
+
+    runs = [(_records(1.0, 3, i), 1) for i in range(8)] + [(_records(2.5, 3, 20 + i), 0) for i in range(8)]
+    X = np.stack([feature_vector(r, 2) for r, _ in runs])
+    y = np.array([lab for _, lab in runs])
+    clf = PerformancePredictor(random_state=0, epochs=200,
+                               feature_settings={"timesteps": 2, "alpha": 0.5}).fit(X, y)
+    rule = StoppingRule(predictor=clf)
+    recs = _records(2.5, 3, 77)
+    assert rule.probability(recs[:1], None, []) is None          # before the predictor's k
+    assert rule.probability(recs[:2], None, []) == pytest.approx(
+        clf.predict_proba(feature_vector(recs, 2)[None])[0, 1])
+    with pytest.raises(ValueError, match="fitted PerformancePredictor"):
+        StoppingRule(predictor=PerformancePredictor())
+
+
+@pytest.mark.slow
+def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tmp_path):
+    """LeNet-5 on digits, 4 epochs a trial, SQLite: killed in trial 9, then resumed."""
+    db = tmp_path / "s.db"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, str(HERE / "optuna_study.py"), str(db), "16"]
+    first = subprocess.run(script + ["--kill-at", "9"], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == -9, first.stderr
+    before = optuna.load_study(study_name="lenet", storage=f"sqlite:///{db}")
+    states_before = {t.number: (t.state, t.value, dict(t.system_attrs)) for t in before.trials}
+    assert states_before[9][0] == optuna.trial.TrialState.RUNNING
+    second = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    study = optuna.load_study(study_name="lenet", storage=f"sqlite:///{db}")
+    trials = study.trials
+    # decisions made before the kill are kept as they were
+    for t in trials:
+        if t.number < 9:
+            assert (t.state, t.value, dict(t.system_attrs)) == states_before[t.number]
+    assert trials[9].state == optuna.trial.TrialState.FAIL
+    done = [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len(done) == 16
+    pruned = [t for t in done if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, "no trial was pruned"
+    # the best trial is intact: complete, every epoch's checkpoint on disk and readable
+    best = study.best_trial
+    assert best.state == optuna.trial.TrialState.COMPLETE and len(trial_records(best)[0]) == 4
+    assert best.params["lr"] in (0.02, 0.03, 0.05, 0.1)
+    from dtg_gpu.models import LeNet5
+    res = dtg_gpu.analyze(trial_run(study, best, LeNet5()))
+    assert res.converged.all()
+    # every stored decision follows from the storage alone: a fresh rule, given the trials that
+    # had completed before the trial started, recomputes each probability exactly
+    rule = StoppingRule(n_startup_trials=4, use_values=False, features="dtg_per_layer", min_probability=0.3, patience=1)
+    for t in done:
+        steps, recs = trial_records(t)
+        finished = [(u.number, trial_records(u)[1], None, u.value) for u in trials
+                    if u.state == optuna.trial.TrialState.COMPLETE and u.datetime_complete < t.datetime_start]
+        for s, step in enumerate(steps):
+            stored = t.system_attrs[f"dtg:p:{step:09d}"]
+            again = rule.probability(recs[:s + 1], None, finished)
+            assert (stored is None and again is None) or stored == pytest.approx(again, abs=1e-9)
+        assert (t.state == optuna.trial.TrialState.PRUNED) == rule.should_stop(
+            [t.system_attrs[f"dtg:p:{st:09d}"] for st in steps])

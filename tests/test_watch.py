@@ -1,0 +1,89 @@
+"""dtg watch / SweepWatcher: verdicts on a sweep while it trains; dtg predict's verdict column."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from dtg_gpu.cli.main import main
+from dtg_gpu.early_stopping import StoppingRule
+from dtg_gpu.sweeps import SweepConfig, run_sweep
+from dtg_gpu.watch import SweepWatcher
+
+# 3 learning rates that train (0.05, 0.03, 0.02) and 3 that barely move (1e-5, 2e-5, 3e-5), 2 seeds
+CFG = SweepConfig(model="lenet5", dataset="digits", lrs=(0.05, 1e-5, 0.03, 2e-5, 0.02, 3e-5), dropouts=(0.0,),
+                  seeds=2, epochs=4)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return run_sweep(CFG, tmp_path_factory.mktemp("watch") / "sweep", progress=False, device="cpu")
+
+
+@pytest.fixture
+def live(sweep, tmp_path):
+    """A copy of the sweep where two runs are still training: a good one (lr 0.05, seed 1) and
+    a bad one (lr 1e-5, seed 1) have their checkpoints but no run.json yet; one has no checkpoint."""
+    out = tmp_path / "live"
+    shutil.copytree(sweep, out)
+    meta = json.loads((out / "sweep.json").read_text())
+    names = meta["runs"]
+    good, bad, empty = names[1], names[3], names[5]    # grid order: lr-major, then seed
+    for n in (good, bad):
+        (out / n / "run.json").unlink()
+    for f in (out / empty).iterdir():
+        f.unlink()
+    for f in sorted((out / good).glob("ckpt-*"))[2:]:   # the good one has only 2 checkpoints so far
+        f.unlink()
+    return out, good, bad, empty
+
+
+def test_watcher_judges_running_runs_from_the_finished_ones(live):
+    out, good, bad, empty = live
+    w = SweepWatcher(out, rule=StoppingRule(n_startup_trials=6, use_values=False))
+    v = {x.run: x for x in w.poll()}
+    assert v[empty].verdict == "wait" and v[empty].checkpoints == 0
+    assert v[good].checkpoints == 2 and v[bad].checkpoints == 4
+    assert v[bad].verdict == "stop" and v[bad].p_sufficient < 0.3
+    assert v[good].verdict == "continue" and v[good].p_sufficient > 0.5
+    assert sum(x.verdict == "finished" for x in v.values()) == 9
+    # a new checkpoint lands: only it is summarised, and the verdict is updated
+    n_before = len(w._seen[good].records)
+    shutil.copy(sorted((out / bad).glob("ckpt-*"))[0], out / good / "ckpt-0003.safetensors")
+    v2 = {x.run: x for x in w.poll()}
+    assert v2[good].checkpoints == 3 and len(w._seen[good].records) == n_before + 1
+
+
+def test_dtg_watch_cli_json_lines(live, capsys):
+    out, good, bad, empty = live
+    assert main(["watch", str(out), "--once", "--json", "--n-startup", "6"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by = {d["run"]: d for d in lines}
+    assert by[bad]["verdict"] == "stop" and by[good]["verdict"] == "continue"
+    assert set(by[good]) == {"run", "checkpoints", "p_sufficient", "verdict", "final_accuracy", "error"}
+    assert main(["watch", str(out), "--once"]) == 0        # n_startup 10 > 8 finished: no decision yet
+    text = capsys.readouterr().out
+    assert f"{bad}\tk=4\tP(sufficient)=-\twait" in text
+
+
+def test_dtg_watch_with_a_predictor_and_predict_verdicts(sweep, live, tmp_path, capsys):
+    out, good, bad, empty = live
+    pred = tmp_path / "p.safetensors"
+    assert main(["train", str(sweep), "--out", str(pred), "-k", "2", "--per-layer", "--epochs", "150"]) == 0
+    assert main(["watch", str(out), "--once", "--predictor", str(pred), "--json"]) == 0
+    by = {d["run"]: d for d in map(json.loads, capsys.readouterr().out.splitlines()[-12:])}
+    assert by[bad]["verdict"] == "stop" and by[good]["verdict"] == "continue"
+    capsys.readouterr()
+    assert main(["predict", str(pred), str(sweep / bad), str(sweep / good)]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][-1] == "stop" and rows[1][-1] == "continue"
+
+
+def test_watch_errors_are_clear(tmp_path, capsys):
+    assert main(["watch", str(tmp_path / "nope"), "--once"]) == 1
+    assert "sweep folder not found" in capsys.readouterr().err
+    assert main(["watch", str(tmp_path), "--once", "--interval", "0"]) == 1
+    assert "--interval must be positive" in capsys.readouterr().err
