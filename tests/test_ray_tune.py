@@ -94,6 +94,21 @@ def test_scheduler_stops_the_bad_and_diverged_trials(local_ray, tmp_path):
                for r in results}
     assert (folders["bad7"] / "dtg-stopped.json").is_file() and not (folders["good7"] / "dtg-stopped.json").exists()
 
+    # a restore: Tune hands a fresh scheduler the trials that had finished; it rebuilds them from
+    # their checkpoints on storage, leaves out the ones it had stopped, and decides as before
+    from types import SimpleNamespace
+
+    fresh = DTGScheduler(model=_net(), metric="acc", mode="max", n_startup_trials=6, min_probability=0.3,
+                         patience=2, use_values=False)
+    for r in results:
+        fresh.on_trial_add(None, SimpleNamespace(
+            status="TERMINATED", trial_id=r.metrics["trial_id"], config=r.config, last_result=r.metrics,
+            storage=SimpleNamespace(trial_fs_path=r.path)))
+    assert len(fresh._dtg.finished) == 7                      # 9 trials, 2 stopped
+    assert sched._dtg.finished.keys() == fresh._dtg.finished.keys()
+    for tid, (recs, _, final) in sched._dtg.finished.items():
+        assert fresh._dtg.finished[tid][0] == recs and fresh._dtg.finished[tid][2] == final
+
 
 def test_stopper_with_asha_style_scheduler(local_ray, tmp_path):
     stopper = DTGStopper(_net(), tmp_path / "stop", metric="acc", mode="max", n_startup_trials=6,
