@@ -67,16 +67,13 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     from .analysis import featurize_with_failures
     from .baselines import tensor_statistics
     from .checkpoints import Run
-    from .exceptions import CheckpointError
 
     part = Run(model=run.model, checkpoints=list(run.checkpoints)[start:], name=run.name,
                meta=run.meta, prefix=run.prefix)
     if len(part) == 0:
         return []
-    _, stats, failures = featurize_with_failures([part], timesteps=len(part), eigenvalue=True,
-                                                 per_layer=True, device=device, strict=True)
-    if failures:   # pragma: no cover - strict raises first
-        raise CheckpointError(next(iter(failures.values())))
+    _, stats, _ = featurize_with_failures([part], timesteps=len(part), eigenvalue=True,
+                                          per_layer=True, device=device, strict=True)
     params = part.topology.params
     ws = []
     for t in range(len(part)):
@@ -334,8 +331,9 @@ class StoppingRule:
         if model == "one-class":
             return None
         x = feature_vector(records, k, self.features, self.alpha, values if use else None)
-        x = np.where(np.isfinite(x), x, model[2])
-        return float(model[0].predict_proba(x[None, :])[0, 1])
+        clf, fill = model
+        x = np.where(np.isfinite(x), x, fill)
+        return float(clf.predict_proba(x[None, :])[0, 1])
 
     def _uses_values(self, k, values, rows) -> bool:
         if self.use_values is False:
@@ -372,7 +370,7 @@ class StoppingRule:
         fill = X.mean(axis=0)
         clf = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=2000))
         clf.fit(X, y)
-        return (clf, None, fill)
+        return clf, fill
 
     # ----------------------------------------------------------------- decision
     def should_stop(self, history: Sequence[float | None], diverged: bool = False) -> bool:

@@ -128,7 +128,8 @@ class SweepWatcher:
 
         runs: dict[str, tuple] = {}
         out: dict[str, Verdict] = {}
-        for folder in self.run_folders():
+        folders = self.run_folders()
+        for folder in folders:
             name = folder.name
             try:
                 run, finished = self._run_of(folder)
@@ -158,7 +159,7 @@ class SweepWatcher:
             p = seen.history[-1] if seen.history else None
             stop = self.rule.should_stop(seen.history, diverged=is_diverged(seen.records))
             out[name] = Verdict(name, k, p, "stop" if stop else ("wait" if p is None else "continue"))
-        return [out[f.name] for f in self.run_folders() if f.name in out]
+        return [out[f.name] for f in folders if f.name in out]
 
     def watch(self, interval: float = 30.0, once: bool = False) -> Iterator[list[Verdict]]:
         """:meth:`poll` every ``interval`` seconds until every run is finished (or once)."""
