@@ -52,7 +52,6 @@ from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
 
 __all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
 
-_WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 _MARKER = "dtg-stopped.json"
 
 
@@ -66,20 +65,20 @@ def checkpoint_weights(folder: str | os.PathLike, name: str | None = None) -> di
         No weights file, several candidates and no ``name``, or an unreadable file.
     """
     from .._files import confined_path
-    from ..checkpoints import load_state_dict
+    from ..checkpoints import CHECKPOINT_SUFFIXES, load_state_dict
     from ..exceptions import CheckpointError
 
     folder = Path(folder)
     if name is not None:
         return load_state_dict(confined_path(folder, name, what=f"checkpoint folder {folder}"))
-    for suffix in _WEIGHT_SUFFIXES:
+    for suffix in CHECKPOINT_SUFFIXES:   # safetensors first
         files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(suffix))
         if len(files) == 1:
             return load_state_dict(files[0])
         if len(files) > 1:
             raise CheckpointError(f"{folder}: several {suffix} files ({', '.join(p.name for p in files[:4])}); "
                                   "pass checkpoint_file= to name the weights")
-    raise CheckpointError(f"{folder}: no weights file ({', '.join(_WEIGHT_SUFFIXES)}) in the reported checkpoint")
+    raise CheckpointError(f"{folder}: no weights file ({', '.join(CHECKPOINT_SUFFIXES)}) in the reported checkpoint")
 
 
 class _State:
