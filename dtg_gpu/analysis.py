@@ -10,11 +10,12 @@ import torch
 
 from .centrality import Method, attainable_tol
 from .checkpoints import Run
-from .engine import READ_ERRORS, load_blocks, resolve_device, solve_timesteps
+from .engine import READ_ERRORS, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
+from .executors import SolveSettings, default_cache, featurize_runs
 from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
 from .features import check_alpha, temporal_features
 from .graph import to_networkx as _to_networkx, to_pyg
-from .statistics import STATISTICS, layer_node_groups, layer_statistics, timestep_statistics
+from .statistics import STATISTICS, layer_node_groups, timestep_statistics
 from .topology import ChannelTopology
 
 __all__ = ["AnalysisResult", "analyze", "featurize"]
@@ -264,9 +265,14 @@ def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None
                             tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
                             chunk_size: int | None = None, progress: bool = False,
                             eigenvalue: bool = False, per_layer: bool = False,
-                            strict: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
+                            strict: bool = False, executor: str = "local", address: str | None = None,
+                            cache: Any = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
     """:func:`featurize`'s work: ``(features, statistics, failures)`` where ``failures`` maps
-    the name of each run that could not be read or traced to the reason (its row is NaN)."""
+    the name of each run that could not be read or traced to the reason (its row is NaN).
+
+    ``executor``, ``address`` and ``cache`` as in :func:`~dtg_gpu.workflow.featurize_sweep`
+    (default here: no cache)."""
+    cache = default_cache(runs, cache)
     runs = list(runs)
     if not runs:
         raise ValueError("featurize needs at least one run; the sweep is empty")
@@ -285,7 +291,10 @@ def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None
         raise InsufficientCheckpointsError(
             f"timesteps={k} but run {short[0].name!r} has only {len(short[0])} checkpoints"
             + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else ""))
-    dev = resolve_device(device)
+    if executor == "ray":   # each task resolves it on its node
+        dev = None if device is None else parse_device(device)
+    else:
+        dev = resolve_device(device)
     failures: dict[str, str] = {}
     failed_rows: list[int] = []
     groups: dict[int, list[int]] = {}
@@ -301,41 +310,19 @@ def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None
             continue
         groups.setdefault(id(topo), []).append(i)
         topos[id(topo)] = topo
-    layer_groups = {key: [idx for _, idx in layer_node_groups(t)] for key, t in topos.items()} if per_layer else {}
-    widths = {len(g) for g in layer_groups.values()}
+    widths = {len(layer_node_groups(t)) for t in topos.values()} if per_layer else set()
     if len(widths) > 1:
         raise ValueError(f"per_layer=True needs runs with the same number of layers of >= 3 nodes; got {sorted(widths)}")
-    width = 5 + 5 * (widths.pop() if widths else 0) + int(eigenvalue)
-    stats = torch.full((len(runs), k, width), float("nan"), dtype=dtype)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(runs) * k, desc="centrality", unit="graph")
-    try:
-        for key, idx in groups.items():
-            items = [(runs[i], t) for i in idx for t in range(k)]
-            out = solve_timesteps(items, topos[key], device=dev, dtype=dtype, tol=tol,
-                                  max_iter=max_iter, method=method, chunk_size=chunk_size,
-                                  progress=bar)
-            st = timestep_statistics(out.centrality).reshape(len(idx), k, 5)
-            per = (layer_statistics(out.centrality, layer_groups[key]).to(dtype).reshape(len(idx), k, -1)
-                   if per_layer else None)
-            lam = out.eigenvalue.to(dtype).log().reshape(len(idx), k) if eigenvalue else None
-            stats[idx, :, :5] = st
-            if per is not None:
-                stats[idx, :, 5:5 + per.shape[-1]] = per
-            if lam is not None:
-                stats[idx, :, -1] = lam
-            for j, i in enumerate(idx):
-                why = next((e for e in out.error[j * k:(j + 1) * k] if e is not None), None)
-                if why is not None:
-                    if strict:
-                        raise CheckpointError(why)
-                    failures[_unique_name(runs[i], i, failures)] = why
-                    failed_rows.append(i)
-    finally:
-        if bar is not None:
-            bar.close()
+    settings = SolveSettings(k=k, dtype=_check_dtype(dtype), tol=tol, max_iter=max_iter, method=method,
+                             per_layer=per_layer, eigenvalue=eigenvalue)
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    stats, why = featurize_runs(runs, [(topos[key], idx) for key, idx in groups.items()], settings, dev,
+                                chunk_size=chunk_size, cache=cache, executor=executor, address=address,
+                                progress=progress, strict=strict)
+    for i in sorted(why):
+        failures[_unique_name(runs[i], i, failures)] = why[i]
+        failed_rows.append(i)
     if failed_rows:
         stats[failed_rows] = float("nan")
     return temporal_features(stats, alpha), stats, failures

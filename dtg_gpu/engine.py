@@ -22,7 +22,8 @@ from .exceptions import (CheckpointError, ConvergenceWarning, DisconnectedGraphW
 from .graph import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
 from .topology import ChannelTopology
 
-__all__ = ["resolve_device", "GraphBatchResult", "GraphBlocks", "solve_timesteps", "scaled_blocks", "load_blocks"]
+__all__ = ["resolve_device", "GraphBatchResult", "GraphBlocks", "Unit", "plan_units", "iter_solve",
+           "solve_timesteps", "scaled_blocks", "load_blocks"]
 
 DEFAULT_BUDGET_BYTES = 1 << 30
 SMALL_LAYER = 1 << 16  # weights: layers up to this size are stacked before taking norms
@@ -32,13 +33,19 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """``None`` → CUDA when available, else CPU; anything else as given, validated."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or None, got {device!r}") from None
+    dev = parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} was asked for but CUDA is not available here")
     return dev
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`, without asking whether this machine has it (a
+    Ray task may run elsewhere)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or None, got {device!r}") from None
 
 
 def _check_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -199,19 +206,51 @@ def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dt
     return max(1, min(size, max(-(-n_items // 4), floor)))
 
 
-def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology, *,
-                    device: torch.device, dtype: torch.dtype, tol: float, max_iter: int,
-                    method: Method, chunk_size: int | None = None,
-                    budget_bytes: int = DEFAULT_BUDGET_BYTES, warn: bool = True,
-                    progress=None) -> GraphBatchResult:
-    """Solve the graphs of ``(run, t)`` pairs that share ``topology``; results on the CPU."""
+@dataclass(frozen=True)
+class Unit:
+    """Runs ``[start, stop)`` of one architecture's runs, solved together ``chunk`` graphs at
+    a time: the unit of work of :func:`plan_units` (one Ray task, one cache entry per run)."""
+
+    start: int
+    stop: int
+    chunk: int
+
+    def chunks(self, k: int) -> list[range]:
+        """The unit's graphs ``(run - start)·k + t`` in solver chunks."""
+        n = (self.stop - self.start) * k
+        return [range(i, min(i + self.chunk, n)) for i in range(0, n, self.chunk)]
+
+
+def plan_units(n_runs: int, k: int, topology: ChannelTopology, dtype: torch.dtype,
+               chunk_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> list[Unit]:
+    """Split ``n_runs`` runs of ``k`` checkpoints each (one architecture) into units of whole runs.
+
+    The plan depends only on ``(n_runs, k, topology, dtype, chunk_size, budget)``, never on
+    where or whether a unit runs: the local path, a Ray task and a resumed featurisation
+    solve every graph in the same batch, so their results are bit-identical (a batched solve
+    iterates until every graph of the batch converges, so a graph's last bits depend on
+    its batch). A unit holds ``chunk // k`` runs solved as one batch; when ``k`` graphs of one
+    run exceed the chunk (large models), a unit is one run solved ``chunk`` graphs at a time.
+    """
+    size = chunk_size or pipeline_chunk_size(topology, n_runs * k, dtype, budget_bytes)
+    if size < k:
+        return [Unit(i, i + 1, size) for i in range(n_runs)]
+    per = size // k
+    return [Unit(i, min(i + per, n_runs), (min(i + per, n_runs) - i) * k) for i in range(0, n_runs, per)]
+
+
+def iter_solve(chunks: Sequence[Sequence[tuple[Run, int]]], topology: ChannelTopology, *,
+               device: torch.device, dtype: torch.dtype, tol: float, max_iter: int,
+               method: Method) -> Iterator[GraphBatchResult]:
+    """Solve the given chunks of ``(run, t)`` pairs one batch each, in order; results on the CPU.
+
+    The next chunk's checkpoints are read (and their filter norms taken) in a background
+    thread while this one is solved.
+    """
     _check_dtype(dtype)
-    items = list(items)
-    size = chunk_size or pipeline_chunk_size(topology, len(items), dtype, budget_bytes)
-    parts: list[GraphBatchResult] = []
+    chunks = [list(c) for c in chunks]
     structural = topology.structurally_connected()
     with ThreadPoolExecutor(max_workers=1) as pool:
-        chunks = list(_chunks(items, size))
 
         def load(chunk):  # read the files and take the filter norms while the last chunk solves
             weights, errors = _read_weights(chunk, topology)
@@ -231,21 +270,41 @@ def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology,
                 if bool(zero.any()):
                     connected &= _reachable_everywhere(op, zero)
             nan = torch.tensor(float("nan"), dtype=dtype, device=device)
-            parts.append(GraphBatchResult(
+            del blocks, op
+            yield GraphBatchResult(
                 centrality=torch.where(finite[:, None], res.vector, nan).cpu(),
                 eigenvalue=torch.where(finite, res.eigenvalue, nan).cpu(),
                 residual=torch.where(finite, res.residual, nan).cpu(),
                 iterations=res.iterations.cpu(),
                 converged=(res.converged & finite).cpu(),
-                finite=finite.cpu(), connected=connected.cpu(), error=errors))
-            del blocks, op
-            if progress is not None:
-                progress.update(len(chunk))
-    out = GraphBatchResult(**{f: torch.cat([getattr(p, f) for p in parts]) if f != "error"
-                              else [e for p in parts for e in p.error]
-                              for f in GraphBatchResult.__dataclass_fields__})
+                finite=finite.cpu(), connected=connected.cpu(), error=errors)
+
+
+def concat_results(parts: Sequence[GraphBatchResult]) -> GraphBatchResult:
+    """One :class:`GraphBatchResult` of several, rows in order."""
+    return GraphBatchResult(**{f: torch.cat([getattr(p, f) for p in parts]) if f != "error"
+                               else [e for p in parts for e in p.error]
+                               for f in GraphBatchResult.__dataclass_fields__})
+
+
+def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology, *,
+                    device: torch.device, dtype: torch.dtype, tol: float, max_iter: int,
+                    method: Method, chunk_size: int | None = None,
+                    budget_bytes: int = DEFAULT_BUDGET_BYTES, warn: bool = True,
+                    progress=None) -> GraphBatchResult:
+    """Solve the graphs of ``(run, t)`` pairs that share ``topology``; results on the CPU."""
+    _check_dtype(dtype)
+    items = list(items)
+    size = chunk_size or pipeline_chunk_size(topology, len(items), dtype, budget_bytes)
+    parts: list[GraphBatchResult] = []
+    for part in iter_solve(list(_chunks(items, size)), topology, device=device, dtype=dtype,
+                           tol=tol, max_iter=max_iter, method=method):
+        parts.append(part)
+        if progress is not None:
+            progress.update(len(part.error))
+    out = concat_results(parts)
     if warn:
-        _warn(items, out)
+        warn_results(items, out)
     return out
 
 
@@ -273,18 +332,19 @@ def _names(items, mask) -> str:
     return ", ".join(hits[:8]) + more
 
 
-def _warn(items, out: GraphBatchResult) -> None:
+def warn_results(items, out: GraphBatchResult, stacklevel: int = 3) -> None:
+    """The non-finite, not-converged and disconnected graphs of ``out``, each kind in one warning."""
     unread = torch.tensor([e is not None for e in out.error], dtype=torch.bool)
     nonfinite = ~out.finite & ~unread   # unreadable checkpoints are reported by the caller
     if bool(nonfinite.any()):
         warnings.warn(f"non-finite (NaN/Inf) weights at {_names(items, nonfinite)}: their "
-                      "centrality is NaN", NonFiniteWeightsWarning, stacklevel=3)
+                      "centrality is NaN", NonFiniteWeightsWarning, stacklevel=stacklevel)
     bad = out.finite & ~out.converged
     if bool(bad.any()):
         warnings.warn(f"eigenvector centrality did not converge at {_names(items, bad)} "
                       f"(largest residual {float(out.residual[bad].max()):.3g}); raise max_iter "
-                      "or tol", ConvergenceWarning, stacklevel=3)
+                      "or tol", ConvergenceWarning, stacklevel=stacklevel)
     disc = out.finite & ~out.connected
     if bool(disc.any()):
         warnings.warn(f"disconnected or all-zero graph at {_names(items, disc)}: its Perron "
-                      "vector is not unique", DisconnectedGraphWarning, stacklevel=3)
+                      "vector is not unique", DisconnectedGraphWarning, stacklevel=stacklevel)

@@ -10,6 +10,7 @@ __all__ = [
     "InsufficientCheckpointsError",
     "DatasetNotFoundError",
     "SweepLockedError",
+    "SweepFailedError",
     "DTGWarning",
     "ConvergenceWarning",
     "NonFiniteWeightsWarning",
@@ -50,6 +51,17 @@ class DatasetNotFoundError(DTGError, FileNotFoundError):
 
 class SweepLockedError(DTGError, RuntimeError):
     """Another process holds the sweep folder's lock (it is training the same sweep)."""
+
+
+class SweepFailedError(DTGError, RuntimeError):
+    """Some runs of a sweep could not be trained (their tasks failed); every other run was.
+
+    ``failures`` maps each such run's name to the reason. Rerunning the sweep trains only the
+    runs that are not complete."""
+
+    def __init__(self, message: str, failures: dict[str, str] | None = None):
+        super().__init__(message)
+        self.failures = dict(failures or {})
 
 
 class DTGWarning(UserWarning):

@@ -382,7 +382,7 @@ def _state_of(folder: Path) -> str:
 def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None = None,
               download: bool = False, device: str | torch.device | None = None,
               progress: bool = True, dataset: Dataset | None = None,
-              group_size: int = 32) -> Path:
+              group_size: int = 32, executor: str = "local", address: str | None = None) -> Path:
     r"""Train every run of the grid into ``out`` (resumable).
 
     Parameters
@@ -400,6 +400,16 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
         Up to this many runs of one seed are trained at once as one grouped network (plain
         SGD, sequential CNNs such as LeNet-5 and VGG without batch norm; see
         :mod:`dtg_gpu.grouped`); ``1`` trains one run at a time.
+    executor : {"local", "ray"}, default "local"
+        ``"ray"``: each batch of runs is one Ray task (``num_gpus=1`` when the cluster has
+        GPUs), which loads the dataset on its node (``data_root`` must be readable there),
+        trains and writes its run folders into ``out`` (storage every node sees). A batch
+        whose task fails is named in a :class:`~dtg_gpu.exceptions.SweepFailedError` after
+        the others finish; rerunning trains only what is not complete. Needs
+        ``pip install 'dtg_gpu[ray]'``.
+    address : str, optional
+        The Ray cluster (as in :func:`~dtg_gpu.workflow.featurize_sweep`); default: the one
+        this process is connected to, else a local instance for this call.
 
     Returns
     -------
@@ -413,6 +423,8 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
         The dataset is not under ``data_root``.
     """
     cfg.validate()
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     out = Path(out)
@@ -432,7 +444,7 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
             return out
     ds = dataset or load_dataset(cfg.dataset, data_root, download)
     _check_trainable(cfg, ds)
-    dev = resolve_device(device)
+    dev = resolve_device(device) if executor == "local" else torch.device("cpu")
     out.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(out):
         if path.is_file():   # another process may have written it since
@@ -440,7 +452,12 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
         _write_json(path, manifest)
         # under the lock: what is complete now is final; only unfinished folders are redone
         todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name)]
-        if todo:
+        if todo and executor == "ray":
+            from .integrations.ray_cluster import train_batches
+            train_batches(cfg, _batches(cfg, ds, todo, group_size), out, device=device, data_root=data_root,
+                          download=download, dataset=dataset, progress=progress, address=address,
+                          done=len(grid) - len(todo), total=len(grid))
+        elif todo:
             _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size)
     return out
 
@@ -495,6 +512,38 @@ def _sweep_lock(out: Path):
         os.close(fd)
 
 
+def _batches(cfg: SweepConfig, ds: Dataset, todo: list, group_size: int) -> list[list]:
+    """The unfinished runs in training batches: up to ``group_size`` runs of one seed trained
+    as one grouped network where the model allows, else one run each."""
+    if group_size > 1 and _groupable(cfg, ds):
+        by_seed: dict[int, list] = {}
+        for item in todo:
+            by_seed.setdefault(item[1]["seed"], []).append(item)
+        return [g[i:i + group_size] for g in by_seed.values() for i in range(0, len(g), group_size)]
+    return [[item] for item in todo]
+
+
+def train_batch(cfg: SweepConfig, ds: Dataset, batch: list, out: Path, dev: torch.device,
+                progress: bool = False) -> list[str]:
+    """Train one batch of ``(name, point)`` runs into ``out/name`` from scratch (an unfinished
+    folder left by a killed attempt is cleared first) and write each ``run.json`` last,
+    atomically: what a local sweep runs per batch, and a Ray task of ``dtg sweep --ray``."""
+    folders = [out / name for name, _ in batch]
+    for folder in folders:
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        elif folder.exists():
+            shutil.rmtree(folder)  # unfinished or damaged (checked under the lock): redo it
+        folder.mkdir()
+    if len(batch) > 1:
+        metas = train_group(cfg, ds, [p for _, p in batch], folders, dev, progress=progress)
+    else:
+        metas = [train_run(cfg, ds, batch[0][1], folders[0], dev, progress=progress)]
+    for folder, meta in zip(folders, metas):
+        _write_json(folder / "run.json", meta)
+    return [name for name, _ in batch]
+
+
 def _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size) -> None:
     if dev.type == "cpu":
         tune_cpu_malloc()
@@ -502,28 +551,9 @@ def _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size) -> None:
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(grid), initial=len(grid) - len(todo), desc="sweep", unit="run")
-    if group_size > 1 and _groupable(cfg, ds):
-        by_seed: dict[int, list] = {}
-        for item in todo:
-            by_seed.setdefault(item[1]["seed"], []).append(item)
-        batches = [g[i:i + group_size] for g in by_seed.values() for i in range(0, len(g), group_size)]
-    else:
-        batches = [[item] for item in todo]
     try:
-        for batch in batches:
-            folders = [out / name for name, _ in batch]
-            for folder in folders:
-                if folder.is_symlink() or folder.is_file():
-                    folder.unlink()
-                elif folder.exists():
-                    shutil.rmtree(folder)  # unfinished or damaged (checked under the lock): redo it
-                folder.mkdir()
-            if len(batch) > 1:
-                metas = train_group(cfg, ds, [p for _, p in batch], folders, dev, progress=progress)
-            else:
-                metas = [train_run(cfg, ds, batch[0][1], folders[0], dev, progress=progress)]
-            for folder, meta in zip(folders, metas):
-                _write_json(folder / "run.json", meta)
+        for batch in _batches(cfg, ds, todo, group_size):
+            train_batch(cfg, ds, batch, out, dev, progress)
             if bar is not None:
                 bar.update(len(batch))
     finally:
@@ -532,12 +562,14 @@ def _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size) -> None:
 
 
 class SweepRuns(list):
-    """The runs of a sweep (a ``list`` of :class:`~dtg_gpu.Run`) and, in ``failed``, the run
-    folders that could not be read, each with the reason."""
+    """The runs of a sweep (a ``list`` of :class:`~dtg_gpu.Run`), in ``failed`` the run
+    folders that could not be read, each with the reason, and in ``path`` the sweep folder
+    (where :func:`~dtg_gpu.workflow.featurize_sweep` keeps its feature cache)."""
 
-    def __init__(self, runs=(), failed: dict[str, str] | None = None):
+    def __init__(self, runs=(), failed: dict[str, str] | None = None, path: str | os.PathLike | None = None):
         super().__init__(runs)
         self.failed: dict[str, str] = dict(failed or {})
+        self.path: Path | None = Path(path) if path is not None else None
 
 
 def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
@@ -584,7 +616,8 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
     if unfinished:
         warnings.warn(f"{path}: {len(unfinished)} of {len(names)} runs are unfinished "
                       "and skipped; rerun the sweep to complete them", DTGWarning, stacklevel=2)
-    runs = SweepRuns(failed={n: why for n, why in states.items() if why not in ("complete", "unfinished")})
+    runs = SweepRuns(failed={n: why for n, why in states.items() if why not in ("complete", "unfinished")},
+                     path=path)
     if runs.failed and strict:
         raise CheckpointError(next(iter(runs.failed.values())))
     for n in done:

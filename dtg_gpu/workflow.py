@@ -17,7 +17,9 @@ import torch
 from .analysis import featurize_with_failures, warn_failures
 from .baselines import learning_curve, spectral_alpha, weight_statistics
 from .checkpoints import Run
+from .engine import READ_ERRORS
 from .evaluation import evaluate
+from .executors import default_cache
 from .features import temporal_features
 from .predictor import PerformancePredictor, label_runs
 from .statistics import layer_node_groups
@@ -81,21 +83,64 @@ class SweepFeatures:
 
 
 def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
-                    dtype=torch.float32, progress: bool = False, strict: bool = False) -> SweepFeatures:
+                    dtype=torch.float32, progress: bool = False, strict: bool = False, *,
+                    executor: str = "local", address: str | None = None, cache: Any = None,
+                    chunk_size: int | None = None) -> SweepFeatures:
     """Solve every checkpoint of every run once; keep the raw statistics.
 
     Runs that cannot be read (those :func:`~dtg_gpu.sweeps.load_sweep` already left out, in
     ``runs.failed``, and those whose checkpoints fail here) are listed in ``failed`` and
     marked in ``usable``; :func:`compare` leaves them out with a warning. ``strict=True``
     raises instead.
+
+    Parameters
+    ----------
+    runs : sequence of Run
+        Typically :func:`~dtg_gpu.load_sweep`'s list.
+    alpha, device, dtype, progress, strict
+        As in :func:`~dtg_gpu.featurize`. With ``executor="ray"``, ``device=None`` lets each
+        task take its node's GPU when it has one.
+    executor : {"local", "ray"}, default "local"
+        ``"ray"``: each unit (whole runs of one architecture solved as one batch, see
+        :func:`~dtg_gpu.engine.plan_units`) is a Ray task that gets the runs' checkpoint
+        *paths* (the sweep must lie on storage every node sees), solves them on its node
+        (``num_gpus=1`` when the cluster has GPUs, else one CPU) and returns the statistics.
+        The results are bit-identical to the local path's for the same dtype and device
+        type: the same graphs are solved in the same batches. Needs ``pip install
+        'dtg_gpu[ray]'``.
+    address : str, optional
+        The Ray cluster (``"auto"``, ``"ray://head:10001"``, ``"10.0.0.1:6379"``). Default:
+        the Ray instance this process is connected to, else a local one started for this
+        call and shut down after.
+    cache : None, False, path or FeatureCache
+        The per-run feature cache (:mod:`~dtg_gpu.feature_cache`): ``None`` (default) keeps
+        it in ``SWEEP/.dtg-cache`` when ``runs`` came from :func:`~dtg_gpu.load_sweep`;
+        ``False`` turns it off. A killed featurisation resumes from it; a cached run is
+        bit-identical to solving it again.
+    chunk_size : int, optional
+        Graphs per batch (rounded to whole runs); default: sized to a 1 GiB budget.
+
+    Raises
+    ------
+    ValueError
+        A bad ``executor``; the errors of :func:`~dtg_gpu.featurize`.
+    ImportError
+        ``executor="ray"`` without Ray installed (the message says how to install it).
     """
     failed = dict(getattr(runs, "failed", {}))
+    cache = default_cache(runs, cache)
     runs = list(runs)
-    topos = {id(r.topology): r.topology for r in runs}
+    topos = {}
+    for r in runs:
+        try:
+            topos[id(r.topology)] = r.topology
+        except READ_ERRORS:   # named by featurize_with_failures
+            pass
     per_layer = len({len(layer_node_groups(t)) for t in topos.values()}) == 1
     _, stats, failures = featurize_with_failures(
         runs, alpha=alpha, device=device, dtype=dtype, progress=progress, eigenvalue=True,
-        per_layer=per_layer, strict=strict)
+        per_layer=per_layer, strict=strict, executor=executor, address=address, cache=cache,
+        chunk_size=chunk_size)
     warn_failures(failures, stacklevel=2)
     failed.update(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)

@@ -35,6 +35,26 @@ def _strict(p: argparse.ArgumentParser) -> None:
                         "leave it out, go on with the rest)")
 
 
+def _cluster(p: argparse.ArgumentParser, cache: bool = True) -> None:
+    p.add_argument("--ray", action="store_true",
+                   help="run the work as Ray tasks (pip install 'dtg_gpu[ray]'); without --address, "
+                        "on a local Ray instance started and shut down by this command")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="the Ray cluster to use with --ray: 'auto', HOST:6379 or ray://HOST:10001")
+    if cache:
+        p.add_argument("--no-cache", action="store_true",
+                       help="neither read nor write the feature cache (SWEEP/.dtg-cache)")
+
+
+def _executor(a) -> dict:
+    if a.address and not a.ray:
+        raise ValueError("--address needs --ray")
+    out = {"executor": "ray" if a.ray else "local", "address": a.address}
+    if hasattr(a, "no_cache"):
+        out["cache"] = False if a.no_cache else None
+    return out
+
+
 def _load_sweep(a):
     from ..sweeps import load_sweep
 
@@ -50,7 +70,7 @@ def _sweep_features(a, runs):
 
     X, _, failures = featurize_with_failures(
         runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
-        eigenvalue=a.eigenvalue, per_layer=a.per_layer, strict=a.strict)
+        eigenvalue=a.eigenvalue, per_layer=a.per_layer, strict=a.strict, **_executor(a))
     warn_failures(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     if not usable.any():
@@ -103,6 +123,7 @@ def _sweep_args(p):
     p.add_argument("--out", required=True, help="sweep folder (resumable)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device(p)
+    _cluster(p, cache=False)
 
 
 def _width_kwargs(model: str, width: float | None) -> dict:
@@ -128,7 +149,7 @@ def _sweep_run(a) -> int:
     if a.group_size < 1:
         raise ValueError(f"--group-size must be >= 1, got {a.group_size}")
     out = run_sweep(cfg, a.out, data_root=a.data_root, download=a.download, device=a.device,
-                    progress=not a.quiet, group_size=a.group_size)
+                    progress=not a.quiet, group_size=a.group_size, **_executor(a))
     print(f"sweep complete: {out}")
     return 0
 
@@ -225,6 +246,7 @@ def _featurize_args(p):
     _features(p)
     _eigenvalue_flag(p)
     _strict(p)
+    _cluster(p)
 
 
 def _featurize_run(a) -> int:
@@ -259,6 +281,7 @@ def _train_args(p):
     _eigenvalue_flag(p)
     _scaling(p)
     _strict(p)
+    _cluster(p)
 
 
 def _scaling(p):
@@ -384,6 +407,7 @@ def _evaluate_args(p):
     _features(p)
     _scaling(p)
     _strict(p)
+    _cluster(p)
 
 
 def _evaluate_run(a) -> int:
@@ -397,7 +421,8 @@ def _evaluate_run(a) -> int:
     unknown = [f for f in a.features if f not in FEATURE_SETS]
     if unknown:
         raise ValueError(f"unknown feature set(s) {unknown}; choose from {', '.join(FEATURE_SETS)}")
-    sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict)
+    sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict,
+                         **_executor(a))
     k = a.timesteps or sf.timesteps
     if k > sf.timesteps:
         from ..exceptions import InsufficientCheckpointsError
