@@ -250,3 +250,12 @@ def test_sweep_on_ray_trains_every_run_and_a_rerun_skips_finished_ones(local_ray
     assert main(args) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "run-0000").iterdir()} == kept
     assert len(load_sweep(out)) == 2
+
+
+def test_without_ray_installed_the_cli_says_how_to_get_it(copy_of, tmp_path, monkeypatch, capsys):
+    path = copy_of()
+    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    monkeypatch.delitem(sys.modules, "dtg_gpu.integrations.ray_cluster", raising=False)
+    assert main(["featurize", str(path), "--out", str(tmp_path / "f.csv"), "--ray", "--no-cache"]) == 1
+    assert "pip install 'dtg_gpu[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "f.csv").exists()

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("dtg: interrupted", file=sys.stderr)
             return 130
-        except (ValueError, OSError, RuntimeError, KeyError, TypeError) as exc:  # DTGError derives from these
+        except (ValueError, OSError, RuntimeError, KeyError, TypeError, ImportError) as exc:  # DTGError derives from these
             if os.environ.get("DTG_DEBUG"):
                 raise
             print(f"dtg {args.command}: error: {_one_line(exc)}", file=sys.stderr)
