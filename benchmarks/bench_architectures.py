@@ -7,7 +7,10 @@ graphs up to ``--ref-max-edges`` the max abs difference to SciPy/ARPACK in float
 NumPy-built reference adjacency (the NetworkX reference). A model that cannot be analysed
 gets its error, by name.
 
-Usage: python benchmarks/bench_architectures.py [--models resnet18 vit_b_16 ...] [--out benchmarks/results]
+Also a few timm models (``timm:NAME``, random weights, small inputs where the model allows).
+
+Usage: python benchmarks/bench_architectures.py [--models resnet18 vit_b_16 timm:resnet18 ...] [--update]
+       [--max-params 3e7] [--ref-max-edges 1.2e7] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -29,21 +32,38 @@ import dtg_gpu  # noqa: E402
 from dtg_gpu.reference import reference_adjacency  # noqa: E402
 
 EXTRA = {"googlenet": {"aux_logits": False, "init_weights": False}, "inception_v3": {"aux_logits": False, "init_weights": False}}
+# timm models, built with random weights at a small input size where the model allows it
+TIMM = {"resnet18": {}, "efficientnet_b0": {}, "convnext_atto": {}, "mobilenetv3_small_050": {},
+        "resnetv2_50x1_bit": {}, "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 8},
+        "deit_tiny_patch16_224": {"img_size": 32, "patch_size": 8}, "mixer_s16_224": {"img_size": 32}}
+DEFAULT_TIMM = [f"timm:{n}" for n in TIMM]
+
+
+def build(name: str):
+    """A torchvision model by name, or ``timm:NAME`` (random weights, no download)."""
+    if name.startswith("timm:"):
+        import timm
+        return timm.create_model(name[5:], pretrained=False, **TIMM.get(name[5:], {}))
+    return torchvision.models.get_model(name, weights=None, **EXTRA.get(name, {}))
+
+
+def count(name: str) -> int:
+    try:   # count on the meta device (no memory); some constructors need real tensors
+        with torch.device("meta"):
+            return sum(p.numel() for p in build(name).parameters())
+    except NotImplementedError:
+        return sum(p.numel() for p in build(name).parameters())
 
 
 def row(name: str, ref_max_edges: float, max_params: float) -> dict:
     torch.manual_seed(0)
     out: dict = {"model": name}
     try:
-        try:   # count on the meta device (no memory); some constructors need real tensors
-            with torch.device("meta"):
-                size = sum(p.numel() for p in torchvision.models.get_model(name, weights=None, **EXTRA.get(name, {})).parameters())
-        except NotImplementedError:
-            size = sum(p.numel() for p in torchvision.models.get_model(name, weights=None, **EXTRA.get(name, {})).parameters())
+        size = count(name)
         if size > max_params:
             out["error"] = f"skipped: {size / 1e6:.0f} M parameters (--max-params {max_params:.3g})"
             return out
-        model = torchvision.models.get_model(name, weights=None, **EXTRA.get(name, {})).eval()
+        model = build(name).eval()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             topo = dtg_gpu.channel_topology(model)
@@ -77,14 +97,19 @@ def main(argv=None) -> None:
     p.add_argument("--ref-max-edges", type=float, default=3e6)
     p.add_argument("--max-params", type=float, default=1.5e8, help="skip larger models (memory, time)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--update", action="store_true",
+                   help="replace only the given models' rows in the existing table, keep the others")
     a = p.parse_args(argv)
-    names = a.models or torchvision.models.list_models(module=torchvision.models)
+    names = a.models or torchvision.models.list_models(module=torchvision.models) + DEFAULT_TIMM
+    out = Path(a.out)
     rows = []
+    if a.update and (out / "architectures_cpu.json").is_file():
+        rows = [r for r in json.loads((out / "architectures_cpu.json").read_text()) if r["model"] not in names]
     for name in names:
         r = row(name, a.ref_max_edges, a.max_params)
         rows.append(r)
         print(json.dumps(r), flush=True)
-    out = Path(a.out)
+    rows.sort(key=lambda r: (r["model"].startswith("timm:"), r["model"]))
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on the CPU (2 threads), torch {torch.__version__}, "
              f"torchvision {torchvision.__version__}; random weights, 2 checkpoints, float32.\n",
              "| model | nodes | edges | coverage | s / checkpoint | converged | max abs diff vs reference | note |",

@@ -242,8 +242,16 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in load_state_dict(path).items()}
 
 
+def _key(state: Mapping[str, Any], pre: str, p: str, aliases: Mapping[str, Sequence[str]]) -> str | None:
+    """The key of parameter ``p`` under prefix ``pre``: its own, else one of its tied names
+    (a checkpoint that ``safetensors.torch.save_model`` de-duplicated keeps one of them)."""
+    if pre + p in state:
+        return pre + p
+    return next((pre + a for a in aliases.get(p, ()) if pre + a in state), None)
+
+
 def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | None,
-                 label: str) -> str:
+                 label: str, aliases: Mapping[str, Sequence[str]] = {}) -> str:
     """The one key prefix under which ``state`` holds every parameter of ``params``.
 
     ``""`` when the keys match exactly; otherwise the prefix (``model.``, ``module.``,
@@ -251,16 +259,17 @@ def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | 
     matched one by one, so a missing weight is never filled from another copy (``ema.``).
     """
     if prefix is not None:
-        missing = [p for p in params if prefix + p not in state]
+        missing = [p for p in params if _key(state, prefix, p, aliases) is None]
         if missing:
             raise CheckpointError(f"{label}: parameter {prefix + missing[0]!r} is missing "
                                   f"(prefix={prefix!r})")
         return prefix
-    if all(p in state for p in params):
+    if all(_key(state, "", p, aliases) is not None for p in params):
         return ""
     first = params[0]
-    cands = sorted({k[: len(k) - len(first)] for k in state if k.endswith("." + first)})
-    full = [c for c in cands if all(c + p in state for p in params)]
+    names = (first, *aliases.get(first, ()))
+    cands = sorted({k[: len(k) - len(n)] for k in state for n in names if k.endswith("." + n)})
+    full = [c for c in cands if all(_key(state, c, p, aliases) is not None for p in params)]
     if len(full) == 1:
         return full[0]
     if len(full) > 1:
@@ -268,14 +277,18 @@ def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | 
             f"{label}: the model's weights are there under several prefixes "
             f"({', '.join(repr(c) for c in full)}), e.g. an EMA copy beside the model; "
             f"choose one with Run(..., prefix=...) (or --prefix)")
-    missing = next(p for p in params if p not in state)
+    missing = next(p for p in params if _key(state, "", p, aliases) is None)
     hint = f" (found it under {cands[0]!r} but not the other weights)" if cands else ""
     raise CheckpointError(f"{label}: parameter {missing!r} is missing{hint}")
 
 
 def load_weights(checkpoint: Checkpoint, params: Sequence[str], shapes: Mapping[str, tuple],
-                 *, label: str, prefix: str | None = None) -> dict[str, torch.Tensor]:
+                 *, label: str, prefix: str | None = None,
+                 aliases: Mapping[str, Sequence[str]] | None = None) -> dict[str, torch.Tensor]:
     """The weights ``params`` of one checkpoint, validated against ``shapes``.
+
+    ``aliases`` maps a parameter to the other names of the same tensor in the model (tied
+    weights): a checkpoint that stores it once, under any of them, is complete.
 
     Raises
     ------
@@ -291,10 +304,11 @@ def load_weights(checkpoint: Checkpoint, params: Sequence[str], shapes: Mapping[
         state = load_state_dict(checkpoint, keys=keys)
         if any(k not in state for k in keys):  # e.g. a Lightning prefix: read everything
             state = load_state_dict(checkpoint)
-    pre = _with_prefix(state, list(params), prefix, label)
+    aliases = aliases or {}
+    pre = _with_prefix(state, list(params), prefix, label, aliases)
     out = {}
     for p in params:
-        t = state[pre + p]
+        t = state[_key(state, pre, p, aliases)]
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{label}: parameter {p!r} is not a tensor")
         if not t.is_floating_point():
@@ -513,6 +527,14 @@ class Run:
         """The model's channel topology (traced once per architecture, looked up once per run)."""
         return channel_topology(self.model)
 
+    @cached_property
+    def tied(self) -> dict[str, list[str]]:
+        """Tied weights: each parameter name to the model's other names of the same tensor."""
+        groups: dict[int, list[str]] = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            groups.setdefault(id(p), []).append(name)
+        return {n: [m for m in g if m != n] for g in groups.values() if len(g) > 1 for n in g}
+
     @property
     def final_accuracy(self) -> float | None:
         """``final_accuracy`` (or ``test_accuracy``) of :attr:`meta`; None when absent.
@@ -543,7 +565,8 @@ class Run:
         topo = self.topology
         shapes = topo.source_params
         label = self.label(t)
-        w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix)
+        w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix,
+                         aliases=self.tied)
         for layer in topo.layers:
             if layer.effective is not None:
                 try:

@@ -572,7 +572,8 @@ class SweepRuns(list):
         self.path: Path | None = Path(path) if path is not None else None
 
 
-def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
+def load_sweep(path: str | os.PathLike, *, strict: bool = False, model: "torch.nn.Module | None" = None,
+               prefix: str | None = None) -> SweepRuns:
     """The complete runs of a sweep folder, in grid order.
 
     Unfinished runs are skipped with a warning. A complete run whose folder cannot be read
@@ -586,11 +587,20 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
         The sweep folder (``sweep.json`` and one folder per run).
     strict : bool, default False
         Raise the first run's error instead.
+    model : torch.nn.Module, optional
+        The architecture of every run (your own class), instead of the one each ``run.json``
+        names. With a model, ``path`` may also be a plain folder of run folders without
+        ``sweep.json`` (Lightning, Hugging Face or numbered checkpoint files, see
+        :meth:`~dtg_gpu.Run.from_dir`): every sub-folder holding checkpoints is a run, in
+        the natural order of the names; a ``run.json`` beside the checkpoints may give its
+        ``final_accuracy``.
+    prefix : str, optional
+        Key prefix of the weights in the checkpoints (as in :class:`~dtg_gpu.Run`).
 
     Raises
     ------
     FileNotFoundError
-        No ``sweep.json`` in ``path``.
+        No ``sweep.json`` in ``path`` (and no ``model`` given).
     CheckpointError
         ``sweep.json`` is not valid (not JSON, no ``runs`` list, a run name that leads
         outside the folder); the message names the file and the field.
@@ -600,8 +610,11 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
 
     path = Path(path)
     manifest = path / "sweep.json"
+    if not manifest.is_file() and model is not None and path.is_dir():
+        return _load_run_folders(path, model, prefix, strict)
     if not manifest.is_file():
-        raise FileNotFoundError(f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)?")
+        raise FileNotFoundError(f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)? "
+                                "(a folder of your own run folders needs model=... / --model)")
     meta = read_manifest(manifest)
     if not isinstance(meta, dict) or not isinstance(meta.get("runs"), list):
         raise CheckpointError(f"{manifest}: expected an object with a list 'runs' of run folder names")
@@ -622,10 +635,33 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False) -> SweepRuns:
         raise CheckpointError(next(iter(runs.failed.values())))
     for n in done:
         try:
-            runs.append(Run.from_dir(path / n))
+            runs.append(Run.from_dir(path / n, model=model, prefix=prefix))
         except READ_ERRORS as exc:
             if strict:
                 raise
             runs.failed[n] = str(exc)
     warn_failures(runs.failed, stacklevel=2)
+    return runs
+
+
+def _load_run_folders(path: Path, model, prefix: str | None, strict: bool) -> SweepRuns:
+    """Every sub-folder of ``path`` that holds checkpoints, as a run of ``model``."""
+    from .analysis import warn_failures
+    from .checkpoints import _natural_key, _scan_checkpoints
+    from .engine import READ_ERRORS
+
+    runs = SweepRuns(path=path)
+    for sub in sorted((d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                      key=lambda d: _natural_key(d.name)):
+        try:
+            if not (sub / "run.json").is_file() and not _scan_checkpoints(sub):
+                continue   # not a run folder
+            runs.append(Run.from_dir(sub, model=model, prefix=prefix))
+        except READ_ERRORS as exc:
+            if strict:
+                raise
+            runs.failed[sub.name] = str(exc)
+    if not runs and not runs.failed:
+        raise CheckpointError(f"{path}: no sweep.json and no run folder with checkpoints in it")
+    warn_failures(runs.failed, stacklevel=3)
     return runs

@@ -284,6 +284,7 @@ class _Val:
     cell: _Cell
     flat: bool = False
     split: tuple | None = None   # the channel dim viewed as several dims (channel shuffle)
+    via: str | None = None       # a layout op passed on the way whose channel mapping is assumed
 
 
 class _Pieces(list):
@@ -366,16 +367,17 @@ class _Builder:
         if val.cell.ids is None:  # the model input: its size is fixed by its first consumer
             val.cell.ids = self.alloc(cin, "input")
         ids = val.cell.ids
-        if kind == "linear" and len(ids) != cin:
-            if val.flat and cin % len(ids) == 0:
-                spatial, cin = cin // len(ids), len(ids)
-            else:
-                raise TopologyError(
-                    f"layer {name!r} (Linear, in_features={cin}) consumes a "
-                    f"value with {len(ids)} channels; in_features is not a multiple of it")
+        if kind == "linear" and len(ids) != cin and val.flat and cin % len(ids) == 0:
+            spatial, cin = cin // len(ids), len(ids)
         if len(ids) != cin:
-            raise TopologyError(
-                f"layer {name!r} expects {cin} input channels but its input carries {len(ids)}")
+            what = (f"layer {name!r} (Linear, in_features={cin})" if kind == "linear"
+                    else f"layer {name!r} (in_channels={cin})")
+            if val.via is not None:
+                raise TopologyError(
+                    f"{what} consumes a value that came through {val.via}: dtg_gpu cannot follow the "
+                    "channels through that operation (unsupported; see docs/concepts.md)")
+            raise TopologyError(f"{what} expects {cin} input channels but its input carries {len(ids)}"
+                                + ("; in_features is not a multiple of it" if kind == "linear" else ""))
         self.layers.append(dict(name=name, param=param, kind=kind, weight_shape=tuple(weight_shape),
                                 out=None, in_=ids, groups=groups, spatial=spatial, sources=tuple(sources),
                                 source_shapes=tuple(source_shapes), effective=effective))
@@ -418,6 +420,14 @@ _ADD_METHODS = {"add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "max
 _FLATTEN_FN = {torch.flatten}
 _RESHAPE_METHODS = {"view", "reshape", "flatten"}
 _NO_CHANNEL_METHODS = {"size", "dim", "numel", "type", "__len__"}
+_SDPA = nn.functional.scaled_dot_product_attention
+_MATMUL = {torch.matmul, operator.matmul, torch.bmm, torch.mm}
+_MATMUL_METHODS = {"matmul", "bmm", "mm", "__matmul__"}
+_LAYOUT_METHODS = {"transpose", "permute", "view", "reshape", "movedim", "swapaxes", "unflatten", "mT", "t",
+                   "unbind", "flip", "roll"}
+_LAYOUT_FNS = {torch.transpose, torch.permute, torch.reshape, torch.movedim, torch.swapaxes, torch.unflatten,
+               torch.einsum, torch.unbind, torch.roll, torch.flip, torch.t}
+_CARRY_ATTR = {"expand", "expand_as", "repeat", "to", "type_as", "contiguous", "float", "half", "clone"}
 
 
 def _tensor_vals(args: Sequence[Any], vals: dict) -> list[_Val]:
@@ -527,18 +537,101 @@ def _add_call(builder: "_Builder", gm, node: torch.fx.Node, val: "_Val", state: 
     return builder.add(name, param, "conv", shape, shape[1] * groups, shape[0], groups, val, sources, shapes, program)
 
 
-def _coverage(model: nn.Module, layers: list[dict]) -> tuple:
-    """One row per parameter: ``(name, shape, role, reason)``."""
+class _Rows:
+    """The effective weight ``W[start:stop]``: one of the q, k, v blocks of a packed
+    ``in_proj_weight``."""
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop = start, stop
+
+    def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        return w[self.start:self.stop]
+
+    def __repr__(self) -> str:
+        return f"rows[{self.start}:{self.stop}]"
+
+
+def _attention(builder: "_Builder", name: str, mod: nn.MultiheadAttention, node: torch.fx.Node,
+               vals: dict) -> "_Pieces":
+    r"""``nn.MultiheadAttention`` as SPEC says: its in-projection (the q, k and v blocks of
+    ``in_proj_weight``, or ``q/k/v_proj_weight``) and ``out_proj``.
+
+    The query and key projections are weight layers whose outputs feed nothing further
+    (:math:`q k^\top` carries no channels); the attention output carries the value
+    projection's nodes, head by head in order, and ``out_proj`` maps them to its own. The
+    module's output is ``(attn_output, attn_weights)``; the weights carry no channels.
+    """
+    def arg(i: int, key: str) -> _Val:
+        a = node.args[i] if len(node.args) > i else node.kwargs.get(key)
+        v = vals.get(a) if isinstance(a, torch.fx.Node) else None
+        if not isinstance(v, _Val):
+            raise TopologyError(f"attention {name!r}: its {key} carries no channels that dtg_gpu can follow")
+        return v
+
+    return _Pieces([_attention_of(builder, name, mod, arg(0, "query"), arg(1, "key"), arg(2, "value")), None])
+
+
+def _attention_of(builder: "_Builder", name: str, mod: nn.MultiheadAttention, query: "_Val", key: "_Val",
+                  value: "_Val") -> "_Val":
+    """The layers of one ``nn.MultiheadAttention`` (see :func:`_attention`); its output value."""
+    d, prefix = mod.embed_dim, f"{name}." if name else ""
+    if mod.in_proj_weight is not None:
+        src = f"{prefix}in_proj_weight"
+        shape = tuple(mod.in_proj_weight.shape)
+        blocks = []
+        for j, (part, v) in enumerate((("q", query), ("k", key), ("v", value))):
+            blocks.append(builder.add(f"{prefix}in_proj.{part}", f"{src}[{part}]", "linear", (d, d), d, d, 1, v,
+                                      (src,), (shape,), _Rows(j * d, (j + 1) * d)))
+    else:
+        blocks = [builder.add(f"{prefix}{part}_proj", f"{prefix}{part}_proj_weight", "linear",
+                              tuple(w.shape), w.shape[1], w.shape[0], 1, v)
+                  for part, w, v in (("q", mod.q_proj_weight, query), ("k", mod.k_proj_weight, key),
+                                     ("v", mod.v_proj_weight, value))]
+    return builder.add_layer(f"{prefix}out_proj", mod.out_proj, _Val(blocks[2].cell), "linear")
+
+
+def _encoder(builder: "_Builder", name: str, mod: nn.Module, node: torch.fx.Node, vals: dict) -> "_Val":
+    """``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer``: per layer, self-attention
+    (:func:`_attention`) and the feed-forward ``linear1`` → ``linear2``, each added to the
+    residual stream (the same nodes, as SPEC's residual addition); norms keep the channels."""
+    a = node.args[0] if node.args else node.kwargs.get("src")
+    x = vals.get(a) if isinstance(a, torch.fx.Node) else None
+    if not isinstance(x, _Val):
+        raise TopologyError(f"{type(mod).__name__} {name!r}: its input carries no channels that dtg_gpu can follow")
+    prefix = f"{name}." if name else ""
+    layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
+    names = [f"{prefix}layers.{i}" for i in range(len(layers))] if isinstance(mod, nn.TransformerEncoder) else [name]
+    for layer, lname in zip(layers, names):
+        p = f"{lname}." if lname else ""
+        attn = _attention_of(builder, f"{p}self_attn", layer.self_attn, x, x, x)
+        x = _merge(builder, [x, attn])
+        hidden = builder.add_layer(f"{p}linear1", layer.linear1, x, "linear")
+        x = _merge(builder, [x, builder.add_layer(f"{p}linear2", layer.linear2, hidden, "linear")])
+    return x
+
+
+def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = frozenset()) -> tuple:
+    """One row per parameter: ``(name, shape, role, reason)``; ``joined``: parameters the
+    forward pass adds to or concatenates with the activations (a position embedding, a class
+    token)."""
     plain = {l["param"] for l in layers if l.get("effective") is None}
-    computed = {k: l["name"] for l in layers if l.get("effective") is not None for k in l["sources"]}
+    computed: dict[str, list[str]] = {}
+    for l in layers:
+        if l.get("effective") is not None:
+            for k in l["sources"]:
+                computed.setdefault(k, []).append(l["name"])
     rows = []
     for name, p in model.named_parameters():
         owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         if name in plain:
             row = ("graphed", "an edge weight of the channel graph")
         elif name in computed:
-            row = ("graphed", f"enters the effective weight of layer {computed[name]!r}")
-        elif p.dim() <= 1 and name.rsplit(".", 1)[-1].startswith("bias"):
+            row = ("graphed", "enters the effective weight of layer" + ("s " if len(computed[name]) > 1 else " ")
+                   + ", ".join(repr(n) for n in computed[name]))
+        elif name in joined:
+            row = ("embedding", "added to or joined with the activations (a position embedding, a class "
+                                "token): it takes their channel nodes, it is not an edge")
+        elif p.dim() <= 1 and "bias" in name.rsplit(".", 1)[-1]:
             row = ("bias", "biases are not edges")
         elif isinstance(owner, _PARAM_OK) or sum(d > 1 for d in p.shape) <= 1:
             row = ("normalisation", "per-channel scale or shift (norm, layer scale), not an edge")
@@ -641,7 +734,7 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
             if dims and (dims[0] == -1 or dims[0] == len(ids)):   # the split dims merged back
                 vals[node] = _Val(_Cell(ids))
                 return True
-            raise TopologyError(f"{node.format_node()}: a reshape of a split channel dimension "
+            raise TopologyError(f"{_describe(node)}: a reshape of a split channel dimension "
                                 "that dtg_gpu cannot follow; its channel mapping is unknown")
         if len(dims) >= 3 and dims[0] is not None and dims[1] is not None and dims[0] > 1 \
                 and dims[0] * dims[1] == len(ids):
@@ -655,12 +748,12 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
             perm = list(node.args[1:]) if not isinstance(node.args[1], (tuple, list)) else list(node.args[1])
             chan = [p - 1 for p in perm[1:k + 1]]
             if perm[0] != 0 or sorted(chan) != list(range(k)):
-                raise TopologyError(f"{node.format_node()}: a permute that moves the channel dimension; "
+                raise TopologyError(f"{_describe(node)}: a permute that moves the channel dimension; "
                                     "its channel mapping is unknown")
         else:
             a, b = node.args[1], node.args[2]
             if not (1 <= a <= k and 1 <= b <= k):
-                raise TopologyError(f"{node.format_node()}: a transpose of a split channel dimension with "
+                raise TopologyError(f"{_describe(node)}: a transpose of a split channel dimension with "
                                     "a spatial one; its channel mapping is unknown")
             chan = list(range(k))
             chan[a - 1], chan[b - 1] = chan[b - 1], chan[a - 1]
@@ -670,14 +763,28 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
     return False
 
 
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer; ``MultiheadAttention`` and ``TransformerEncoder(Layer)`` stay
+    leaves (their forward branches on the input, so it cannot be traced) and are handled as
+    units (:func:`_attention`, :func:`_encoder`)."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, _UNITS) or super().is_leaf_module(m, qualname)
+
+
+_UNITS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
 def _trace(model: nn.Module) -> ChannelTopology:
-    gm = torch.fx.symbolic_trace(model)
+    gm = torch.fx.GraphModule(model, _Tracer().trace(model))
     state = dict(gm.state_dict(keep_vars=True))
     modules = dict(gm.named_modules())
     builder = _Builder()
     vals: dict[torch.fx.Node, _Val | None] = {}
     consts: dict[torch.fx.Node, Any] = {}
     first_input = True
+    attr_of: dict[torch.fx.Node, str] = {}   # a parameter, maybe expanded or cast
+    joined: set[str] = set()                 # parameters added to / joined with activations
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             vals[node] = _Val(_Cell()) if first_input else None
@@ -685,7 +792,16 @@ def _trace(model: nn.Module) -> ChannelTopology:
             continue
         if node.op in ("get_attr", "output"):
             vals[node] = None
+            if node.op == "get_attr" and node.target in state:
+                attr_of[node] = node.target
             continue
+        operands = [a for a in list(node.args) + list(node.kwargs.values())
+                    for a in (a if isinstance(a, (list, tuple)) else (a,))]
+        if node.op == "call_method" and node.target in _CARRY_ATTR and node.args and node.args[0] in attr_of:
+            attr_of[node] = attr_of[node.args[0]]
+        elif (node.op == "call_function" and (node.target in _ADD or node.target in (torch.cat, torch.concat))) or (
+                node.op == "call_method" and node.target in _ADD_METHODS):
+            joined.update(attr_of[a] for a in operands if isinstance(a, torch.fx.Node) and a in attr_of)
         args = _tensor_vals(list(node.args) + list(node.kwargs.values()), vals)
         if node.op == "call_module":
             mod = modules[node.target]
@@ -693,6 +809,10 @@ def _trace(model: nn.Module) -> ChannelTopology:
                 vals[node] = builder.add_layer(node.target, mod, args[0], "conv")
             elif isinstance(mod, nn.Linear):
                 vals[node] = builder.add_layer(node.target, mod, args[0], "linear")
+            elif isinstance(mod, nn.MultiheadAttention):
+                vals[node] = _attention(builder, node.target, mod, node, vals)
+            elif isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
+                vals[node] = _encoder(builder, node.target, mod, node, vals)
             elif isinstance(mod, nn.Flatten):
                 vals[node] = _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (
                     args[0] if args else None)
@@ -713,6 +833,12 @@ def _trace(model: nn.Module) -> ChannelTopology:
             continue
         if node.op == "call_method" and target in _NO_CHANNEL_METHODS:
             vals[node] = None
+        elif node.op == "call_function" and target is _SDPA:
+            value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
+            vals[node] = vals.get(value) if isinstance(value, torch.fx.Node) else None   # carries v's channels
+        elif (node.op == "call_function" and target in _MATMUL) or (node.op == "call_method" and target in _MATMUL_METHODS):
+            # q·kᵀ (two channel-carrying operands) carries no channels (SPEC); scores·v carries v's
+            vals[node] = args[0] if len(args) == 1 else None
         elif (node.op == "call_function" and target in _ADD) or (
                 node.op == "call_method" and target in _ADD_METHODS):
             vals[node] = _merge(builder, args)
@@ -732,9 +858,24 @@ def _trace(model: nn.Module) -> ChannelTopology:
             vals[node] = vals[node.args[0]][node.args[1]]
         elif node.op == "call_function" and target is operator.getitem:
             vals[node] = args[0] if args and node.args[1] is not None else None
+        elif args and ((node.op == "call_method" and target in _LAYOUT_METHODS) or (
+                node.op == "call_function" and target in _LAYOUT_FNS)):
+            a = args[0]   # assumed to keep the channels; named if a layer then finds them wrong
+            vals[node] = _Val(a.cell, flat=a.flat, split=a.split, via=_describe(node))
         else:
             vals[node] = args[0] if args else None
-    return builder.finish(traced=True, coverage=_coverage(model, builder.layers))
+    return builder.finish(traced=True, coverage=_coverage(model, builder.layers, joined))
+
+
+def _describe(node: torch.fx.Node) -> str:
+    """``op 'transpose' (node transpose_1) in module 'blocks.0.mlp_tokens' (MixerBlock)``."""
+    op = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    stack = node.meta.get("nn_module_stack") or {}
+    where = ""
+    if stack:
+        path, cls = list(stack.values())[-1]
+        where = f" in module {path!r} ({getattr(cls, '__name__', cls)})"
+    return f"op {op!r} (node {node.name}){where}"
 
 
 def _module_order(model: nn.Module) -> ChannelTopology:

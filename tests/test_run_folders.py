@@ -147,3 +147,99 @@ def test_cli_analyzes_a_lightning_folder_with_a_user_model(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and "dtg_gpu" in capsys.readouterr().out
+
+
+def test_tied_weights_stored_once_by_safetensors_save_model(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_model
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = torch.nn.Linear(4, 4, bias=False)
+            self.mid = torch.nn.Linear(4, 4)
+            self.dec = torch.nn.Linear(4, 4, bias=False)
+            self.dec.weight = self.enc.weight
+
+        def forward(self, x):
+            return self.dec(torch.relu(self.mid(self.enc(x))))
+
+    net = Tied()
+    save_model(net, str(tmp_path / "ckpt-1.safetensors"))
+    with safe_open(str(tmp_path / "ckpt-1.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    assert len({"enc.weight", "dec.weight"} & stored) == 1   # de-duplicated
+    run = Run(model=net, checkpoints=[tmp_path / "ckpt-1.safetensors"])
+    w = run.weights(0)
+    assert torch.equal(w["enc.weight"], net.enc.weight.detach()) and torch.equal(w["dec.weight"], w["enc.weight"])
+    import dtg_gpu
+    assert dtg_gpu.analyze(run, device="cpu").converged.all()
+
+
+def test_files_written_by_pytorch_lightning_itself(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    import dtg_gpu
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = LeNet5(in_channels=1)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 1, 32, 32), torch.randint(0, 10, (64,)))
+    module = Module()
+    saved = []
+
+    class Keep(pl.Callback):   # the weights at each save, to compare with what is read back
+        def on_train_epoch_end(self, trainer, pl_module):
+            saved.append({k: v.detach().clone() for k, v in pl_module.net.state_dict().items()})
+
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1, save_last=True)
+    trainer = pl.Trainer(max_epochs=11, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[Keep(), ckpt])
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=32))
+    files = sorted(p.name for p in tmp_path.glob("*.ckpt"))
+    assert "last.ckpt" in files and "epoch=10-step=22.ckpt" in files and "epoch=2-step=6.ckpt" in files
+    run = Run.from_dir(tmp_path, model=LeNet5(in_channels=1))
+    assert [p.name for p in run.checkpoints] == [f"epoch={e}-step={2 * (e + 1)}.ckpt" for e in range(11)]
+    for t in (0, 2, 10):   # natural epoch order (10 after 2), last.ckpt not repeated
+        assert torch.equal(run.weights(t)["features.0.weight"], saved[t]["features.0.weight"])
+    assert dtg_gpu.analyze(run, device="cpu").converged.all()
+
+
+def test_cli_featurize_and_train_a_folder_of_your_own_run_folders(tmp_path, capsys):
+    import json
+
+    from dtg_gpu.cli.main import main
+
+    root = tmp_path / "mine"
+    for r in range(4):
+        d = root / f"trial_{r * 5}"          # natural order: trial_5 before trial_10
+        d.mkdir(parents=True)
+        states = _states(LeNet5(in_channels=1), 3)
+        for epoch, sd in enumerate(states):
+            torch.save({"state_dict": {f"model.{k}": v for k, v in sd.items()}, "epoch": epoch,
+                        "global_step": 10 * epoch}, d / f"epoch={epoch}.ckpt")
+        (d / "run.json").write_text(json.dumps({"final_accuracy": 0.5 + 0.1 * r}))
+    (root / ".dtg-cache").mkdir()            # hidden folders are not runs
+    (root / "notes").mkdir()                 # nor folders without checkpoints
+    args = ["--model", "dtg_gpu.models:LeNet5", "--model-kwargs", '{"in_channels": 1}', "--device", "cpu"]
+    assert main(["featurize", str(root), "--out", str(tmp_path / "f.csv"), *args]) == 0
+    lines = (tmp_path / "f.csv").read_text().splitlines()
+    assert [l.split(",")[0] for l in lines[1:]] == ["trial_0", "trial_5", "trial_10", "trial_15"]
+    assert lines[1].split(",")[1] == "0.5"
+    assert main(["train", str(root), "--out", str(tmp_path / "p.safetensors"), "--epochs", "5", *args]) == 0
+    assert (tmp_path / "p.safetensors").is_file()
+    capsys.readouterr()
+    assert main(["featurize", str(root), "--out", str(tmp_path / "g.csv"), "--device", "cpu"]) == 1
+    assert "no sweep.json" in capsys.readouterr().err

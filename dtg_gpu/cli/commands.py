@@ -58,7 +58,7 @@ def _executor(a) -> dict:
 def _load_sweep(a):
     from ..sweeps import load_sweep
 
-    return load_sweep(a.sweep, strict=a.strict)
+    return load_sweep(a.sweep, strict=a.strict, model=_build_user_model(a), prefix=a.prefix)
 
 
 def _sweep_features(a, runs):
@@ -241,7 +241,8 @@ analyze = _command("analyze", "centrality statistics of every checkpoint of one 
 
 # -------------------------------------------------------------------------- featurize
 def _featurize_args(p):
-    p.add_argument("sweep", help="sweep folder")
+    p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
+    _user_model(p)
     p.add_argument("--out", required=True, help="write features here (.csv)")
     _features(p)
     _eigenvalue_flag(p)
@@ -272,7 +273,8 @@ featurize = _command("featurize", "temporal features of every run of a sweep (CS
 
 # ------------------------------------------------------------------------------ train
 def _train_args(p):
-    p.add_argument("sweep", help="sweep folder")
+    p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
+    _user_model(p)
     p.add_argument("--out", required=True, help="predictor file (.safetensors)")
     p.add_argument("--threshold", default="median", help="accuracy threshold, 'median' or 'qX'")
     p.add_argument("--epochs", type=int, default=300)
@@ -395,7 +397,8 @@ predict = _command("predict", "predict whether runs end sufficient", _predict_ar
 
 # --------------------------------------------------------------------------- evaluate
 def _evaluate_args(p):
-    p.add_argument("sweep", help="sweep folder")
+    p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
+    _user_model(p)
     p.add_argument("--threshold", default="median")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--features", nargs="+", default=["dtg"],
