@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/dtg demo $(DEMO_ARGS)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check dtg_gpu benchmarks tests
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q -d site
 

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -46,12 +46,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_prediction import sweeps  # noqa: E402
+
 from dtg_gpu.baselines import tensor_statistics  # noqa: E402
 from dtg_gpu.evaluation import evaluate  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.graph import filter_norms  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
-from dtg_gpu.statistics import STATISTICS, timestep_statistics  # noqa: E402
+from dtg_gpu.statistics import timestep_statistics  # noqa: E402
 from dtg_gpu.sweeps import load_sweep, run_sweep  # noqa: E402
 from dtg_gpu.workflow import feature_sets, featurize_sweep  # noqa: E402
 
@@ -141,7 +142,6 @@ def study(name: str, runs, repeats: int, pool) -> dict:
     k = max(1, sf.timesteps // 4)
     y = label_runs(sf.accuracies, "median")
     params = runs[0].topology.params
-    L = len(params)
     tab = weight_tables(runs, k)
     ws = tab["ws"].reshape(len(runs), -1)
     signed = signed_node_statistics(runs, k, sf.alpha)

@@ -9,16 +9,25 @@ from __future__ import annotations
 from .analysis import AnalysisResult, analyze, featurize
 from .centrality import EigenResult, eigenvector_centrality, solve_perron
 from .checkpoints import Run, load_state_dict
-from .exceptions import (CheckpointError, ConvergenceWarning, DatasetNotFoundError,
-                         DisconnectedGraphWarning, DTGError, DTGWarning,
-                         FailedRunsWarning,
-                         InsufficientCheckpointsError, NonFiniteWeightsWarning,
-                         TopologyError, TracingFallbackWarning, UncoveredWeightsWarning,
-                         UnsafeCheckpointError)
 from .evaluation import evaluate
-from .predictor import PerformancePredictor, label_runs, split_runs
+from .exceptions import (
+                         CheckpointError,
+                         ConvergenceWarning,
+                         DatasetNotFoundError,
+                         DisconnectedGraphWarning,
+                         DTGError,
+                         DTGWarning,
+                         FailedRunsWarning,
+                         InsufficientCheckpointsError,
+                         NonFiniteWeightsWarning,
+                         TopologyError,
+                         TracingFallbackWarning,
+                         UncoveredWeightsWarning,
+                         UnsafeCheckpointError,
+)
 from .features import temporal_features, temporal_reinforcement
 from .graph import BlockOperator, filter_norms
+from .predictor import PerformancePredictor, label_runs, split_runs
 from .statistics import STATISTICS, timestep_statistics
 from .topology import ChannelTopology, WeightLayer, channel_topology
 

@@ -3,18 +3,20 @@ r"""``analyze`` one run and ``featurize`` many: the public face of steps 2–4."
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from .centrality import Method, attainable_tol
 from .checkpoints import Run
 from .engine import READ_ERRORS, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
-from .executors import SolveSettings, default_cache, featurize_runs
 from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
+from .executors import SolveSettings, default_cache, featurize_runs
 from .features import check_alpha, temporal_features
-from .graph import to_networkx as _to_networkx, to_pyg
+from .graph import to_networkx as _to_networkx
+from .graph import to_pyg
 from .statistics import STATISTICS, layer_node_groups, timestep_statistics
 from .topology import ChannelTopology
 

@@ -16,7 +16,7 @@ r"""Baseline featurisers that plug into the same predictor and evaluation as DTG
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -18,10 +18,11 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Union
 
 import torch
 from torch import nn
@@ -45,12 +46,13 @@ def _harmless_globals() -> list:
     """Globals that Lightning and plain training scripts put beside the weights and that
     build nothing but data: ``argparse.Namespace`` hyper-parameters, NumPy scalars and dtypes."""
     import argparse
+
     import numpy as np
 
     out: list = [argparse.Namespace, np.dtype]
     for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):
         try:
-            out.append(getattr(__import__(mod, fromlist=["scalar"]), "scalar"))
+            out.append(__import__(mod, fromlist=["scalar"]).scalar)
             break
         except (ImportError, AttributeError):
             continue

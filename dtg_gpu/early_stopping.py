@@ -26,8 +26,9 @@ run whose weights are no longer finite is stopped at once: SGD does not come bac
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

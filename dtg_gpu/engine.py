@@ -8,17 +8,23 @@ while the current chunk is solved, so reading files overlaps with compute.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .centrality import Method, solve_perron
 from .checkpoints import Run
-from .exceptions import (CheckpointError, ConvergenceWarning, DisconnectedGraphWarning,
-                         NonFiniteWeightsWarning, TopologyError)
+from .exceptions import (
+    CheckpointError,
+    ConvergenceWarning,
+    DisconnectedGraphWarning,
+    NonFiniteWeightsWarning,
+    TopologyError,
+)
 from .graph import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
 from .topology import ChannelTopology
 

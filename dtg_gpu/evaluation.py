@@ -12,8 +12,16 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 from sklearn.base import clone
-from sklearn.metrics import (accuracy_score, average_precision_score, confusion_matrix, f1_score,
-                             precision_score, recall_score, roc_auc_score, roc_curve)
+from sklearn.metrics import (
+    accuracy_score,
+    average_precision_score,
+    confusion_matrix,
+    f1_score,
+    precision_score,
+    recall_score,
+    roc_auc_score,
+    roc_curve,
+)
 from sklearn.model_selection import StratifiedShuffleSplit
 
 __all__ = ["METRICS", "evaluate", "summarise"]

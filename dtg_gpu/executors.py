@@ -12,10 +12,11 @@ dtype and device type.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import networkx as nx
 import numpy as np

@@ -16,7 +16,7 @@ do their gradients), faster still.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

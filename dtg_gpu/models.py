@@ -6,7 +6,7 @@ with the learning rate), so one registry builds any run's model from its ``run.j
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

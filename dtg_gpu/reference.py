@@ -7,7 +7,7 @@ blocks), accumulated into a SciPy sparse matrix and handed to ``networkx``; cent
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import networkx as nx
 import numpy as np

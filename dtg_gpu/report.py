@@ -3,13 +3,13 @@ r"""``report/index.html`` and its PNG plots: what a user looks at after ``dtg de
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from .statistics import STATISTICS
 from ._files import atomic_write
+from .statistics import STATISTICS
 
 __all__ = ["write_report", "results_table"]
 
@@ -207,10 +207,10 @@ def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, t
     problems = _problem_runs(sf)
     runs_section = ""
     if verdicts is not None:
-        runs_section = (f"<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the DTG "
-                        f"features of its first k checkpoints, predicted by a model that did not see the run "
-                        f"(5-fold cross-validation); verdict: continue at P &ge; 0.5. Click a column to sort. "
-                        f"Diverged runs are shaded yellow, runs left out grey.</p>"
+        runs_section = ("<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the DTG "
+                        "features of its first k checkpoints, predicted by a model that did not see the run "
+                        "(5-fold cross-validation); verdict: continue at P &ge; 0.5. Click a column to sort. "
+                        "Diverged runs are shaded yellow, runs left out grey.</p>"
                         + runs_table_html(sf, verdicts) + _SORT_JS)
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}img{{max-width:100%}}

@@ -15,7 +15,7 @@ vector is constant to working precision (``m_2 \le (\varepsilon \bar x)^2``).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

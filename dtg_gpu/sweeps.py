@@ -17,18 +17,19 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ._files import atomic_write, confined_path
 from .checkpoints import Run, read_manifest
 from .data import Dataset, load_dataset
 from .engine import resolve_device
-from ._files import atomic_write, confined_path
 from .exceptions import CheckpointError, DTGWarning, SweepLockedError
 from .grouped import GroupedSequential, sequential_layers
 from .models import build_model
@@ -297,7 +298,7 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
                 checkpoint(epoch)
         if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
             checkpoint(epoch)
-    for k, v in params.items():
+    for v in params.values():
         diverged |= ~torch.isfinite(v.detach().reshape(m, -1)).all(1)
     diverged = diverged.tolist()
     test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import operator
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch

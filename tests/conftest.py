@@ -49,7 +49,7 @@ def make_checkpoints(model: nn.Module, t: int = 3, seed: int = 0, scale: float =
              for k, v in model.state_dict().items()}
     out = []
     for _ in range(t):
-        for k, v in state.items():
+        for _k, v in state.items():
             if v.is_floating_point():
                 v.add_(drift * torch.randn(v.shape, generator=g))
         out.append({k: v.clone() for k, v in state.items()})

@@ -1,14 +1,13 @@
 import numpy as np
-import scipy.stats
 import pytest
+import scipy.stats
 import torch
+from conftest import GroupedNet, make_checkpoints
 
 import dtg_gpu
-from dtg_gpu import NonFiniteWeightsWarning, DisconnectedGraphWarning, ConvergenceWarning, Run, analyze
+from dtg_gpu import ConvergenceWarning, DisconnectedGraphWarning, NonFiniteWeightsWarning, Run, analyze
 from dtg_gpu.models import LeNet5, build_model
 from dtg_gpu.reference import reference_centrality, reference_graph
-
-from conftest import GroupedNet, make_checkpoints
 
 MODELS = {
     "lenet5": lambda: build_model("lenet5", in_channels=1),

@@ -2,14 +2,19 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from conftest import make_checkpoints
 
 from dtg_gpu import Run
-from dtg_gpu.baselines import (layer_eigenvalues, learning_curve, powerlaw_alpha, powerlaw_fit,
-                               spectral_alpha, weight_statistics)
+from dtg_gpu.baselines import (
+    layer_eigenvalues,
+    learning_curve,
+    powerlaw_alpha,
+    powerlaw_fit,
+    spectral_alpha,
+    weight_statistics,
+)
 from dtg_gpu.exceptions import InsufficientCheckpointsError
 from dtg_gpu.models import LeNet5
-
-from conftest import make_checkpoints
 
 
 def _runs(n=3, t=3):

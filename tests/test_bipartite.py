@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse.linalg as sla
 import torch
+from conftest import GroupedNet, make_checkpoints
 from torch import nn
 
 from dtg_gpu import BlockOperator, channel_topology, solve_perron
@@ -13,8 +14,6 @@ from dtg_gpu.engine import load_blocks
 from dtg_gpu.graph import BipartiteSquare
 from dtg_gpu.models import MODELS
 from dtg_gpu.reference import reference_adjacency
-
-from conftest import GroupedNet, make_checkpoints
 
 
 def GroupedChain():

@@ -181,6 +181,7 @@ def test_a_task_that_raises_names_its_runs_and_the_rest_finish(local_ray, copy_o
 
 def test_runs_held_in_memory_are_refused_with_their_name(local_ray):
     from conftest import make_checkpoints
+
     from dtg_gpu import Run
     from dtg_gpu.models import build_model
 

@@ -75,7 +75,7 @@ def test_featurize_isolates_a_corrupt_checkpoint(bad_sweep, clean_sweep):
         X = dtg_gpu.featurize(runs, timesteps=3, device="cpu")
     assert list(rec[0].message.failures) == ["run-0002"]
     names = [r.name for r in runs]
-    i_bad, i_big = names.index("run-0002"), names.index("run-0003")
+    i_bad = names.index("run-0002")
     assert torch.isnan(X[i_bad]).all()
     good = [i for i in range(len(runs)) if i != i_bad]
     assert torch.isfinite(X[good]).all()   # the diverged-but-finite run solves like the others

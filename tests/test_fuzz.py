@@ -11,7 +11,6 @@ pass (``DTG_FUZZ_EXAMPLES``, default 150 per target); ``make fuzz`` runs 2,000 p
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import resource

@@ -2,6 +2,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
+from conftest import GroupedNet, make_checkpoints
 from torch import nn
 
 from dtg_gpu import BlockOperator, CheckpointError, channel_topology, filter_norms
@@ -9,8 +10,6 @@ from dtg_gpu.engine import load_blocks
 from dtg_gpu.graph import graph_edges, to_networkx
 from dtg_gpu.models import LeNet5
 from dtg_gpu.reference import reference_adjacency
-
-from conftest import GroupedNet, make_checkpoints
 
 
 def test_filter_norms_match_numpy():

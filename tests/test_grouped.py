@@ -33,7 +33,7 @@ def test_grouped_forward_and_gradients_match_each_model(name, kw, device):
         ref = m(x)
         torch.testing.assert_close(out[j], ref, rtol=1e-5, atol=1e-5)
         (ref ** 2).sum().backward()
-        for g, (key, p) in zip(grads, net.params.items()):
+        for g, (key, _p) in zip(grads, net.params.items()):
             torch.testing.assert_close(g[j], dict(m.named_parameters())[key].grad, rtol=1e-4, atol=1e-5)
         assert net.state(j).keys() == m.state_dict().keys()
 

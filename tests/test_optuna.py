@@ -16,8 +16,14 @@ optuna = pytest.importorskip("optuna")
 
 import dtg_gpu  # noqa: E402
 from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, feature_vector  # noqa: E402
-from dtg_gpu.integrations.optuna import (DTGPruner, checkpoint_folder, report,  # noqa: E402
-                                         set_checkpoint_folder, trial_records, trial_run)
+from dtg_gpu.integrations.optuna import (  # noqa: E402
+    DTGPruner,
+    checkpoint_folder,
+    report,
+    set_checkpoint_folder,
+    trial_records,
+    trial_run,
+)
 from dtg_gpu.statistics import timestep_statistics  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -123,7 +129,7 @@ def _records(scale: float, steps: int, seed: int) -> list[dict]:
     """Checkpoint records of a small net whose first layer grows at ``scale`` per step."""
     net = _net(seed)
     out = []
-    for s in range(steps):
+    for _s in range(steps):
         with torch.no_grad():
             net[0].weight[0].mul_(scale)
         out.append(checkpoint_record(net))

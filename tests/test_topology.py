@@ -2,12 +2,11 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from conftest import GroupedNet
 from torch import nn
 
 from dtg_gpu import TopologyError, TracingFallbackWarning, channel_topology
 from dtg_gpu.models import LeNet5, build_model
-
-from conftest import GroupedNet
 
 
 def _weight_layers(model):

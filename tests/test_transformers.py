@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import make_checkpoints
 from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer
 
@@ -14,8 +15,6 @@ import dtg_gpu
 from dtg_gpu.exceptions import TopologyError
 from dtg_gpu.reference import reference_adjacency, reference_centrality, reference_graph
 from dtg_gpu.topology import channel_topology
-
-from conftest import make_checkpoints
 
 
 class OneAttention(nn.Module):
@@ -164,3 +163,23 @@ def test_timm_attention_with_packed_qkv_is_named():
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=3)
     with pytest.raises(TopologyError, match=r"in module 'blocks\.0\.attn' \(Attention\)"):
         channel_topology(vit, strict=True)
+
+
+@pytest.mark.parametrize("name", ["resnetv2_50x1_bit", "mobilenetv3_small_050"])
+def test_timm_cnns_have_every_weight_in_the_graph(name):
+    """timm's StdConv2d (weight standardisation in its forward) and its Linear head were the
+    layers a module-only tracer dropped without a word."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    net = timm.create_model(name, pretrained=False)
+    topo = channel_topology(net, strict=True)
+    cov = topo.coverage().set_index("parameter")
+    mats = [n for n, p in net.named_parameters() if p.dim() >= 2]
+    assert all(cov.loc[n, "role"] == "graphed" for n in mats)
+    if name == "resnetv2_50x1_bit":
+        conv = net.stem.conv
+        layer = by_layer(topo)["stem.conv"]
+        assert layer.effective is not None   # the standardised weight, not the raw one
+        want = nn.functional.batch_norm(conv.weight.reshape(1, conv.out_channels, -1), None, None,
+                                        training=True, momentum=0.0, eps=conv.eps).reshape_as(conv.weight)
+        torch.testing.assert_close(layer.effective_weight(net.state_dict()), want.detach())

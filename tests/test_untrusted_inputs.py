@@ -87,7 +87,7 @@ def test_two_processes_on_one_sweep_never_lose_a_finished_run(work):
     outs = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes[0] == 0, outs
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         if p.returncode:
             assert "another process" in err and "Traceback" not in err
     runs = load_sweep(work)

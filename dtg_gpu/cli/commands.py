@@ -366,9 +366,8 @@ def _predict_args(p):
 
 def _predict_run(a) -> int:
     from ..checkpoints import Run
-    from ..predictor import PerformancePredictor
-
     from ..engine import READ_ERRORS
+    from ..predictor import PerformancePredictor
 
     clf = PerformancePredictor.load(a.predictor)
     runs, bad = [], {}
@@ -417,9 +416,7 @@ def _evaluate_run(a) -> int:
     from ..evaluation import METRICS
     from ..predictor import PerformancePredictor
     from ..report import results_table
-    from ..workflow import compare, featurize_sweep
-
-    from ..workflow import FEATURE_SETS
+    from ..workflow import FEATURE_SETS, compare, featurize_sweep
 
     unknown = [f for f in a.features if f not in FEATURE_SETS]
     if unknown:

@@ -37,8 +37,9 @@ import math
 import os
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
