@@ -629,9 +629,9 @@ def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = fr
         elif name in computed:
             row = ("graphed", "enters the effective weight of layer" + ("s " if len(computed[name]) > 1 else " ")
                    + ", ".join(repr(n) for n in computed[name]))
-        elif name in joined:
-            row = ("embedding", "added to or joined with the activations (a position embedding, a class "
-                                "token): it takes their channel nodes, it is not an edge")
+        elif name in joined and p.dim() >= 2:
+            row = ("embedding", "added to or joined with the activations or the attention scores (a position "
+                                "embedding, a class token, a relative position bias): not an edge")
         elif p.dim() <= 1 and "bias" in name.rsplit(".", 1)[-1]:
             row = ("bias", "biases are not edges")
         elif isinstance(owner, _PARAM_OK) or sum(d > 1 for d in p.shape) <= 1:
@@ -939,8 +939,12 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
         return _CACHE[key]
     try:
         topo = _trace(model)
-    except TopologyError:
-        raise
+    except TopologyError as first:   # a layout only shapes can tell (tokens, heads): follow them
+        from ._shape_trace import trace_with_shapes
+        try:
+            topo = trace_with_shapes(model)
+        except TopologyError:
+            raise first from None
     except Exception as exc:  # torch.fx raises many kinds on dynamic control flow
         if strict:
             raise TopologyError(f"torch.fx could not trace {type(model).__name__}: {exc}") from exc
