@@ -806,6 +806,9 @@ def _trace(model: nn.Module) -> ChannelTopology:
         args = _tensor_vals(list(node.args) + list(node.kwargs.values()), vals)
         if node.op == "call_module":
             mod = modules[node.target]
+            if isinstance(mod, (_CONV, nn.Linear)) and not args:
+                raise TopologyError(f"layer {node.target!r} is applied to a value that carries no channels (one "
+                                    "computed from constants?)")
             if isinstance(mod, _CONV):
                 vals[node] = builder.add_layer(node.target, mod, args[0], "conv")
             elif isinstance(mod, nn.Linear):
@@ -946,6 +949,14 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
         except TopologyError:
             raise first from None
     except Exception as exc:  # torch.fx raises many kinds on dynamic control flow
+        from ._shape_trace import trace_with_shapes
+        try:
+            topo = trace_with_shapes(model)
+            _CACHE[key] = topo
+            _check_coverage(topo, type(model).__name__, strict)
+            return topo
+        except Exception:
+            pass
         if strict:
             raise TopologyError(f"torch.fx could not trace {type(model).__name__}: {exc}") from exc
         warnings.warn(
