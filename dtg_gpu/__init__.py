@@ -1,7 +1,7 @@
 """dtg_gpu: predict from a run's checkpoints whether it ends with sufficient accuracy.
 
 Checkpoints → channel graphs → batched eigenvector centrality → temporal statistics →
-a small classifier. See the README and ``SPEC.md``.
+a small classifier. See the README and ``docs/method.md`` (the method, step by step).
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ lives there: no compute, no memory) and carries beside every value an integer te
 shape holding, per element, the channel node it belongs to (``-1``: none). Layout operations
 (reshape, permute, transpose, slicing, ``unbind``, ``cat``, ``roll``, padding, ...) are applied
 to that id tensor as they are to the value, so channels are followed exactly through any
-rearrangement; SPEC's rules do the rest:
+rearrangement; the method's rules do the rest:
 
 - a conv/linear call is a weight layer; its input features must each carry one node (a
-  flatten of ``C × S`` positions in either order is the SPEC's ``[out, C, S]`` view; the
+  flatten of ``C × S`` positions in either order is the method's ``[out, C, S]`` view; the
   columns of ``W`` are permuted to it), or all carry the same nodes: a linear on the token
   dimension (MLP-Mixer token mixing), listed in the coverage and not graphed;
 - elementwise ops between operands whose channels correspond one to one merge them (residual
@@ -350,7 +350,7 @@ class _IdInterpreter(torch.fx.Interpreter):
             tensors = [self._with_ids(a) for a in operands if isinstance(self.env[a], torch.Tensor)]
             carrying = [t for t in tensors if _has(t)]
             if len(carrying) != 1:
-                return _none(result.shape)   # q·kᵀ carries no channels (SPEC)
+                return _none(result.shape)   # q·kᵀ carries no channels (the method)
             return self._keep(n, carrying[0], result.shape)
         if n.op == "call_function" and target in (torch.cat, torch.concat, torch.stack):
             self.joined.update(self.attr_of[a] for a in operands if a in self.attr_of)
@@ -484,7 +484,7 @@ class _IdInterpreter(torch.fx.Interpreter):
 
 
 class _Columns:
-    """The effective weight ``W[:, perm]``: a linear's columns in SPEC's ``[out, C, S]`` order."""
+    """The effective weight ``W[:, perm]``: a linear's columns in the method's ``[out, C, S]`` order."""
 
     def __init__(self, perm: torch.Tensor):
         self.perm = perm

@@ -30,7 +30,7 @@ class AnalysisResult:
     Attributes
     ----------
     centrality : Tensor ``[T, N]``
-        Eigenvector centrality per timestep, nodes in SPEC step 2 order. NaN rows for
+        Eigenvector centrality per timestep, nodes in method step 2 order. NaN rows for
         checkpoints with non-finite weights.
     eigenvalue, residual : Tensor ``[T]``
         ``λ₁`` and the relative residual ``‖Ax − λx‖₂/λ``.
@@ -128,7 +128,7 @@ def analyze(run: Run, alpha: float = 0.5, device: str | torch.device | None = No
     ----------
     run : Run
     alpha : float in (0, 1], default 0.5
-        Temporal reinforcement constant (SPEC step 4).
+        Temporal reinforcement constant (method step 4).
     device : str or torch.device, optional
         ``None`` picks CUDA when available, else the CPU.
     dtype : torch.float32 or torch.float64
@@ -212,14 +212,14 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
     return_stats : bool, default False
         Also return the raw statistics ``[len(runs), k, F]`` (``F = 5`` by default).
     per_layer : bool, default False
-        **Option beyond SPEC.** After the five statistics of the whole centrality vector,
+        **Option beyond the method.** After the five statistics of the whole centrality vector,
         the five statistics of each layer's nodes (layers of at least 3 nodes, in node
         order; see :func:`~dtg_gpu.statistics.layer_node_groups`): ``F = 5 + 5·L``. One
         global summary of a few hundred nodes hides which layer moved
         (``benchmarks/results/prediction.md`` measures it). Every run must then have the
         same number of such layers.
     eigenvalue : bool, default False
-        **Option beyond SPEC.** Append :math:`\log\lambda_1` (the Perron eigenvalue of the
+        **Option beyond the method.** Append :math:`\log\lambda_1` (the Perron eigenvalue of the
         graph) as the last per-timestep statistic, smoothed like the others (``F + 1``).
         The unit-norm centrality is blind to the scale of the weights (``cA`` has the
         eigenvector of ``A``); :math:`\lambda_1` carries it.

@@ -1,4 +1,4 @@
-r"""Eigenvector centrality of many graphs at once (SPEC step 3).
+r"""Eigenvector centrality of many graphs at once (method step 3).
 
 The centrality of a graph is the Perron vector of its symmetric non-negative adjacency
 ``A``, scaled to unit Euclidean norm and non-negative:

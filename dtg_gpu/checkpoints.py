@@ -583,7 +583,7 @@ class Run:
                  prefix: str | None = None) -> "Run":
         r"""Read a run folder.
 
-        With ``run.json`` (the sweep format, see SPEC): it names the model (``model`` and
+        With ``run.json`` (the sweep format, see docs/method.md): it names the model (``model`` and
         ``model_kwargs``, built with :func:`dtg_gpu.models.build_model` on the ``meta``
         device, so no memory is spent before the checkpoint's shapes are checked) and its
         ``checkpoints`` in time order. Every listed file must lie inside the folder

@@ -3,13 +3,13 @@ r"""Early stopping from a run's checkpoints so far: the rule shared by the Optun
 (:mod:`dtg_gpu.integrations.ray_tune`) and ``dtg watch``.
 
 A checkpoint is summarised once, when it is written, by :func:`checkpoint_record`: the five
-centrality statistics of its graph (SPEC step 4.1), :math:`\log\lambda_1`, the five statistics
+centrality statistics of its graph (method step 4.1), :math:`\log\lambda_1`, the five statistics
 of each layer's nodes and the weight statistics of each layer: a few dozen numbers, JSON-able,
 stored beside the checkpoint. Decisions read only these records (and the values a run
 reported), so they are the same in any process and after a restart.
 
 At checkpoint ``k`` of a running trial, :class:`StoppingRule` turns the first ``k`` records
-into the temporal feature of the SPEC (:func:`~dtg_gpu.features.temporal_features`) and asks
+into the method's temporal feature (:func:`~dtg_gpu.features.temporal_features`) and asks
 for :math:`P(\text{sufficient})`:
 
 * from a given :class:`~dtg_gpu.predictor.PerformancePredictor` (trained on an earlier sweep,
@@ -129,7 +129,7 @@ def _columns(rec: Mapping[str, Any], features: str) -> list:
 
 def feature_vector(records: Sequence[Mapping[str, Any]], k: int, features: str = "dtg", alpha: float = 0.5,
                    values: Sequence[float | None] | None = None) -> np.ndarray:
-    """The feature of a run's first ``k`` checkpoint records: the SPEC's temporal feature
+    """The feature of a run's first ``k`` checkpoint records: the method's temporal feature
     (``5·k`` numbers for ``"dtg"``), then the weight statistics of checkpoint ``k``
     (``"dtg+weight_stats"``), then the first ``k`` reported values when ``values`` is given.
 
@@ -190,8 +190,8 @@ class StoppingRule:
         learn online from the finished runs.
     features : str, default "dtg_per_layer"
         One of :data:`FEATURE_SETS` (online learning only). The default adds the five
-        statistics of each layer's nodes to the SPEC's five of the whole graph (an option
-        beyond SPEC, as in ``featurize(per_layer=True)``): on the replayed digits LeNet-5 sweep
+        statistics of each layer's nodes to the method's five of the whole graph (an option
+        beyond the method, as in ``featurize(per_layer=True)``): on the replayed digits LeNet-5 sweep
         the global statistics alone let the pruner save 12 % of the compute, per-layer ones
         55 % (``benchmarks/results/early_stopping.md``).
     threshold : "median", "qX" or float, default "median"
@@ -212,7 +212,7 @@ class StoppingRule:
         (validation accuracy or loss: data). ``"auto"``: when the run and every finished run
         used for training reported one at each of those checkpoints; ``False``: data-free.
     alpha : float, default 0.5
-        Temporal reinforcement constant (SPEC).
+        Temporal reinforcement constant (the method).
     C : float, default 1.0
         Inverse L2 strength of the online logistic regression.
     """

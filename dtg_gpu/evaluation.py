@@ -1,4 +1,4 @@
-r"""Evaluation over repeated stratified 90/10 splits (SPEC step 5).
+r"""Evaluation over repeated stratified 90/10 splits (method step 5).
 
 The test split of a ~100-run sweep holds ~10 runs, so one split is noise: ``evaluate``
 repeats the seeded split ``R`` times and reports each metric's mean with a 95 % Student-t
@@ -58,7 +58,7 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
         Split ``r`` uses ``random_state = seed + r``; a ``clf`` with a ``random_state``
         parameter gets the same.
     test_size : float, default 0.1
-        Fraction of each class tested (SPEC: 10 %); at least one run per class.
+        Fraction of each class tested (the method: 10 %); at least one run per class.
     positive : label, default 1
         The sufficient class: precision is reported for it (the headline).
 

@@ -23,6 +23,7 @@ import torch
 from .checkpoints import Run
 from .engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
 from .feature_cache import CachedRun, FeatureCache, architecture_signature, unit_key
+from .layout import StatisticsLayout
 from .statistics import layer_node_groups, layer_statistics, timestep_statistics
 from .topology import ChannelTopology
 
@@ -47,9 +48,11 @@ class SolveSettings:
         return {"dtype": str(self.dtype), "tol": float(self.tol), "max_iter": int(self.max_iter),
                 "method": self.method, "per_layer": bool(self.per_layer), "eigenvalue": bool(self.eigenvalue)}
 
+    def layout(self, topology: ChannelTopology) -> StatisticsLayout:
+        return StatisticsLayout.of(topology, self.per_layer, self.eigenvalue)
+
     def width(self, topology: ChannelTopology) -> int:
-        layers = len(layer_node_groups(topology)) if self.per_layer else 0
-        return 5 + 5 * layers + int(self.eigenvalue)
+        return self.layout(topology).width
 
 
 @dataclass
@@ -76,13 +79,12 @@ class Job:
 def unit_result(out: GraphBatchResult, n: int, topology: ChannelTopology, s: SolveSettings) -> UnitResult:
     """Statistics ``[n, k, F]`` and flags of ``n`` runs' ``n·k`` solved graphs."""
     k = s.k
-    parts = [timestep_statistics(out.centrality).reshape(n, k, 5).to(s.dtype)]
+    per = None
     if s.per_layer:
         groups = [idx for _, idx in layer_node_groups(topology)]
-        parts.append(layer_statistics(out.centrality, groups).to(s.dtype).reshape(n, k, -1))
-    if s.eigenvalue:
-        parts.append(out.eigenvalue.to(s.dtype).log().reshape(n, k, 1))
-    stats = torch.cat(parts, -1)
+        per = layer_statistics(out.centrality, groups).reshape(n, k, -1)
+    stats = s.layout(topology).join(timestep_statistics(out.centrality).reshape(n, k, -1).to(s.dtype), per,
+                                    out.eigenvalue.to(s.dtype).log().reshape(n, k) if s.eigenvalue else None)
     flags = {f: getattr(out, f).reshape(n, k) for f in ("residual", "finite", "converged", "connected")}
     entries = [CachedRun(stats=stats[j].clone(), residual=flags["residual"][j].double().clone(),
                          finite=flags["finite"][j].clone(), converged=flags["converged"][j].clone(),

@@ -1,4 +1,4 @@
-r"""Temporal reinforcement and aggregation of per-timestep statistics (SPEC steps 4.2–4.3).
+r"""Temporal reinforcement and aggregation of per-timestep statistics (method steps 4.2–4.3).
 
 .. math::
     \tilde s_1 = s_1, \qquad \tilde s_t = \alpha s_t + (1 - \alpha)\,\tilde s_{t-1},

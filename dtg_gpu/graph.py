@@ -1,4 +1,4 @@
-r"""Checkpoint weights → per-timestep channel graphs (SPEC step 2), batched over timesteps.
+r"""Checkpoint weights → per-timestep channel graphs (method step 2), batched over timesteps.
 
 A graph is kept as one dense *filter-norm block* per weight layer,
 

@@ -1,4 +1,4 @@
-r"""Seed models of SPEC step 1: LeNet-5, CIFAR-form VGG, ResNet-18/34 and CIFAR ResNet-20/32.
+r"""Seed models of method step 1: LeNet-5, CIFAR-form VGG, ResNet-18/34 and CIFAR ResNet-20/32.
 
 Every constructor takes ``num_classes``, ``in_channels`` and ``dropout`` (the rate swept
 with the learning rate), so one registry builds any run's model from its ``run.json``.

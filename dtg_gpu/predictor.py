@@ -1,4 +1,4 @@
-r"""Labels and the performance predictor (SPEC step 5).
+r"""Labels and the performance predictor (method step 5).
 
 :class:`PerformancePredictor` is a scikit-learn classifier around a small torch MLP trained
 with binary cross-entropy
@@ -6,7 +6,7 @@ with binary cross-entropy
 .. math::
     L(\omega) = -\frac1n \sum_i \bigl[l_i \log p_i + (1 - l_i) \log (1 - p_i)\bigr]
 
-(the mean rather than SPEC's sum: the same minimiser, a learning rate independent of
+(the mean rather than the method's sum: the same minimiser, a learning rate independent of
 the batch size). Features are standardised with statistics of the training data only.
 
 **Diverged runs.** A run whose weights became NaN/Inf within the checkpoints used has
@@ -98,7 +98,7 @@ def label_runs(accuracies: Sequence[float], threshold: float | str = "median") -
 
 
 def split_runs(y: Sequence[int], test_size: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified, seeded split: ``test_size`` of each class for testing (SPEC: 90/10).
+    """Stratified, seeded split: ``test_size`` of each class for testing (the method: 90/10).
 
     Returns the train and test indices.
     """
@@ -223,8 +223,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         with the model so :meth:`predict_runs` featurises new runs the same way.
     scaling : {"standard", "quantile"}, default "standard"
         How features are scaled before the MLP, fitted on the training data only.
-        ``"standard"`` (SPEC): :math:`(x - \bar x) / s`. ``"quantile"`` (**option beyond
-        SPEC**): each feature through its training CDF to a normal score
+        ``"standard"`` (the method): :math:`(x - \bar x) / s`. ``"quantile"`` (**option beyond
+        the method**): each feature through its training CDF to a normal score
         (:func:`quantile_normal`, scikit-learn's ``QuantileTransformer``). Centrality
         skewness and kurtosis are heavy-tailed across a sweep: a few collapsed runs set the
         standard deviation and squeeze the other runs into a sliver (digits LeNet-5 sweep,
@@ -232,9 +232,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         Ranks keep the bulk of the sweep apart; it helps DTG features and hurts the weight
         statistics (README, prediction table).
     select : int or None, default None
-        **Option beyond SPEC.** Keep only the ``select`` features with the largest ANOVA
+        **Option beyond the method.** Keep only the ``select`` features with the largest ANOVA
         F statistic between the classes (scikit-learn's ``f_classif``) on the scaled
-        training data, and train the MLP on those; ``None`` (SPEC) keeps all, as does a
+        training data, and train the MLP on those; ``None`` (the method) keeps all, as does a
         ``select`` at or above the number of features. The choice is made in :meth:`fit`,
         from the training split only, and saved with the model. With ~90 training runs
         and 150 per-layer DTG features the MLP cannot find the few that matter (digits

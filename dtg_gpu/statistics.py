@@ -1,4 +1,4 @@
-r"""Per-timestep statistics of centrality vectors (SPEC step 4.1), batched.
+r"""Per-timestep statistics of centrality vectors (method step 4.1), batched.
 
 For a centrality vector :math:`x \in \mathbb{R}^n` with mean :math:`\bar x` and central
 moments :math:`m_k = \frac1n \sum_i (x_i - \bar x)^k`:

@@ -1,5 +1,5 @@
-r"""Seed-model sweeps (SPEC step 1): one architecture, one dataset, a grid of learning
-rates × dropout rates × seeds, written in the on-disk format of SPEC.
+r"""Seed-model sweeps (method step 1): one architecture, one dataset, a grid of learning
+rates × dropout rates × seeds, written in the on-disk format of docs/method.md.
 
 Crash safety: every file goes to ``NAME.tmp`` and is renamed into place, and a run's
 ``run.json`` is written last, so a folder without a complete ``run.json`` is unfinished.

@@ -1,4 +1,4 @@
-r"""The channel topology of a model: which channel spaces every weight layer joins (SPEC step 2).
+r"""The channel topology of a model: which channel spaces every weight layer joins (method step 2).
 
 A model's *weight layers* are its ``Conv1d/2d/3d`` and ``Linear`` modules, in the order
 the forward pass runs them. Its *nodes* are channel spaces: the input channels of the
@@ -143,7 +143,7 @@ class WeightLayer:
 
 @dataclass(frozen=True, eq=False)
 class ChannelTopology:
-    """The node layout of a model's channel graph (SPEC step 2), independent of weights.
+    """The node layout of a model's channel graph (method step 2), independent of weights.
 
     Attributes
     ----------
@@ -554,7 +554,7 @@ class _Rows:
 
 def _attention(builder: "_Builder", name: str, mod: nn.MultiheadAttention, node: torch.fx.Node,
                vals: dict) -> "_Pieces":
-    r"""``nn.MultiheadAttention`` as SPEC says: its in-projection (the q, k and v blocks of
+    r"""``nn.MultiheadAttention`` as the method says: its in-projection (the q, k and v blocks of
     ``in_proj_weight``, or ``q/k/v_proj_weight``) and ``out_proj``.
 
     The query and key projections are weight layers whose outputs feed nothing further
@@ -594,7 +594,7 @@ def _attention_of(builder: "_Builder", name: str, mod: nn.MultiheadAttention, qu
 def _encoder(builder: "_Builder", name: str, mod: nn.Module, node: torch.fx.Node, vals: dict) -> "_Val":
     """``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer``: per layer, self-attention
     (:func:`_attention`) and the feed-forward ``linear1`` → ``linear2``, each added to the
-    residual stream (the same nodes, as SPEC's residual addition); norms keep the channels."""
+    residual stream (the same nodes, as the method's residual addition); norms keep the channels."""
     a = node.args[0] if node.args else node.kwargs.get("src")
     x = vals.get(a) if isinstance(a, torch.fx.Node) else None
     if not isinstance(x, _Val):
@@ -841,7 +841,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
             value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
             vals[node] = vals.get(value) if isinstance(value, torch.fx.Node) else None   # carries v's channels
         elif (node.op == "call_function" and target in _MATMUL) or (node.op == "call_method" and target in _MATMUL_METHODS):
-            # q·kᵀ (two channel-carrying operands) carries no channels (SPEC); scores·v carries v's
+            # q·kᵀ (two channel-carrying operands) carries no channels (the method); scores·v carries v's
             vals[node] = args[0] if len(args) == 1 else None
         elif (node.op == "call_function" and target in _ADD) or (
                 node.op == "call_method" and target in _ADD_METHODS):

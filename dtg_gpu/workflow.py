@@ -22,6 +22,7 @@ from .engine import READ_ERRORS
 from .evaluation import evaluate
 from .executors import default_cache
 from .features import temporal_features
+from .layout import StatisticsLayout
 from .predictor import PerformancePredictor, label_runs
 from .statistics import layer_node_groups
 
@@ -37,26 +38,35 @@ class SweepFeatures:
     stats: torch.Tensor          # [runs, T, 5] raw statistics
     alpha: float
     accuracies: np.ndarray       # [runs]
-    log_eigenvalue: torch.Tensor | None = None   # [runs, T] log lambda_1 (option beyond SPEC)
+    log_eigenvalue: torch.Tensor | None = None   # [runs, T] log lambda_1 (option beyond the method)
     layer_stats: torch.Tensor | None = None      # [runs, T, 5·L] per-layer statistics (option)
     failed: dict = field(default_factory=dict)   # run name -> why it could not be read or solved
     usable: np.ndarray | None = None             # [runs] bool: False for runs in `failed`
+    layout: StatisticsLayout | None = None       # the columns of stats ⊕ layer_stats ⊕ log_eigenvalue
 
     def __post_init__(self) -> None:
         if self.usable is None:
             self.usable = np.ones(len(self.runs), dtype=bool)
 
     def dtg(self, k: int, eigenvalue: bool = False, per_layer: bool = False) -> np.ndarray:
-        """DTG features of the first ``k`` checkpoints; the options as in :func:`featurize`."""
-        parts = [self.stats[:, :k]]
+        """DTG features of the first ``k`` checkpoints; the options as in :func:`featurize`
+        (columns: :meth:`StatisticsLayout.columns <dtg_gpu.layout.StatisticsLayout.columns>`
+        of :meth:`layout_for`)."""
         for on, extra, what in ((per_layer, self.layer_stats, "per-layer statistics"),
                                 (eigenvalue, self.log_eigenvalue, "eigenvalues")):
-            if on:
-                if extra is None:
-                    raise ValueError(f"these features were made without {what}")
-                extra = extra[:, :k]
-                parts.append((extra if extra.dim() == 3 else extra[..., None]).to(parts[0].dtype))
-        return temporal_features(torch.cat(parts, -1), self.alpha).double().numpy()
+            if on and extra is None:
+                raise ValueError(f"these features were made without {what}")
+        lay = self.layout_for(per_layer=per_layer, eigenvalue=eigenvalue)
+        stats = lay.join(self.stats[:, :k], self.layer_stats[:, :k] if per_layer else None,
+                         self.log_eigenvalue[:, :k] if eigenvalue else None)
+        return temporal_features(stats, self.alpha).double().numpy()
+
+    def layout_for(self, per_layer: bool = False, eigenvalue: bool = False) -> StatisticsLayout:
+        """The column layout of :meth:`dtg` with these options."""
+        layers = self.layout.layers if (per_layer and self.layout is not None) else ()
+        if per_layer and not layers and self.layer_stats is not None:   # made without names
+            layers = tuple(f"layer{i}" for i in range(self.layer_stats.shape[-1] // 5))
+        return StatisticsLayout(layers=layers, eigenvalue=eigenvalue)
 
     @property
     def timesteps(self) -> int:
@@ -138,6 +148,8 @@ def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
         except READ_ERRORS:   # named by featurize_with_failures
             pass
     per_layer = len({len(layer_node_groups(t)) for t in topos.values()}) == 1
+    layout = StatisticsLayout.of(next(iter(topos.values())), per_layer=per_layer, eigenvalue=True) if topos \
+        else StatisticsLayout(eigenvalue=True)
     _, stats, failures = featurize_with_failures(
         runs, alpha=alpha, device=device, dtype=dtype, progress=progress, eigenvalue=True,
         per_layer=per_layer, strict=strict, executor=executor, address=address, cache=cache,
@@ -146,16 +158,15 @@ def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
     failed.update(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
-    return SweepFeatures(runs=runs, stats=stats[..., :5].contiguous(), alpha=alpha, accuracies=acc,
-                         log_eigenvalue=stats[..., -1].contiguous(),
-                         layer_stats=stats[..., 5:-1].contiguous() if per_layer else None,
-                         failed=failed, usable=usable)
+    spec, layers, lam = layout.split(stats)
+    return SweepFeatures(runs=runs, stats=spec, alpha=alpha, accuracies=acc, log_eigenvalue=lam,
+                         layer_stats=layers, failed=failed, usable=usable, layout=layout)
 
 
 def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
     """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``spectral``,
     ``dtg+weight_stats``, ``dtg+eigenvalue``, ``dtg_per_layer`` and
-    ``dtg_per_layer+eigenvalue`` (options beyond SPEC), ``learning_curve``."""
+    ``dtg_per_layer+eigenvalue`` (options beyond the method), ``learning_curve``."""
     out: dict[str, np.ndarray] = {}
     ws = None
     ok_runs = [r for r, u in zip(sf.runs, sf.usable) if u]

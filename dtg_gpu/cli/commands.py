@@ -24,9 +24,9 @@ def _features(p: argparse.ArgumentParser) -> None:
 
 def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-layer", action="store_true",
-                   help="option beyond SPEC: also the five statistics of each layer's nodes")
+                   help="option beyond the method: also the five statistics of each layer's nodes")
     p.add_argument("--eigenvalue", action="store_true",
-                   help="option beyond SPEC: add log(lambda_1) as a last statistic per timestep")
+                   help="option beyond the method: add log(lambda_1) as a last statistic per timestep")
 
 
 def _strict(p: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def _sweep_features(a, runs):
     ``usable[i]`` is False for a run that could not be read or solved (its row is NaN)."""
     from ..analysis import featurize_with_failures, warn_failures
     from ..exceptions import TopologyError
-    from ..statistics import STATISTICS, layer_node_groups
+    from ..layout import StatisticsLayout
 
     X, _, failures = featurize_with_failures(
         runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
@@ -75,12 +75,9 @@ def _sweep_features(a, runs):
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     if not usable.any():
         raise TopologyError("no run of the sweep could be read: " + "; ".join(list(failures.values())[:3]))
-    names = list(STATISTICS)
-    if a.per_layer:
-        first = runs[int(np.flatnonzero(usable)[0])]
-        names += [f"{layer}:{s}" for layer, _ in layer_node_groups(first.topology) for s in STATISTICS]
-    names += ["log_eigenvalue"] if a.eigenvalue else []
-    return X, names, X.shape[1] // len(names), usable
+    first = runs[int(np.flatnonzero(usable)[0])]
+    layout = StatisticsLayout.of(first.topology, per_layer=a.per_layer, eigenvalue=a.eigenvalue)
+    return X, layout.names, layout.timesteps(X.shape[1]), usable
 
 
 def _json_safe(obj):
@@ -289,11 +286,11 @@ def _train_args(p):
 def _scaling(p):
     # predictor.SCALINGS, spelled out so that parsing arguments does not import torch
     p.add_argument("--scaling", choices=("standard", "quantile"), default="standard",
-                   help="feature scaling before the MLP: standard (SPEC) or quantile (normal scores of "
-                        "the training ranks; option beyond SPEC, for heavy-tailed features such as DTG's)")
+                   help="feature scaling before the MLP: standard (the method) or quantile (normal scores of "
+                        "the training ranks; option beyond the method, for heavy-tailed features such as DTG's)")
     p.add_argument("--select", type=_positive_int, default=None, metavar="M",
                    help="train the MLP on the M features with the largest ANOVA F between the classes "
-                        "in the training split (option beyond SPEC; default: all features)")
+                        "in the training split (option beyond the method; default: all features)")
 
 
 def _positive_int(text: str) -> int:
