@@ -29,7 +29,7 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dtg_gpu  # noqa: E402
-from dtg_gpu.reference import reference_adjacency  # noqa: E402
+from dtg_gpu.testing.reference import reference_adjacency  # noqa: E402
 
 EXTRA = {"googlenet": {"aux_logits": False, "init_weights": False}, "inception_v3": {"aux_logits": False, "init_weights": False}}
 # timm models, built with random weights at a small input size where the model allows it

@@ -35,7 +35,7 @@ from dtg_gpu.centrality import solve_perron  # noqa: E402
 from dtg_gpu.engine import load_blocks, resolve_device, scaled_blocks  # noqa: E402
 from dtg_gpu.graph import BlockOperator, graph_edges  # noqa: E402
 from dtg_gpu.models import build_model  # noqa: E402
-from dtg_gpu.reference import reference_adjacency  # noqa: E402
+from dtg_gpu.testing.reference import reference_adjacency  # noqa: E402
 
 
 def models(quick: bool):

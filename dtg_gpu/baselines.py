@@ -25,7 +25,7 @@ from .checkpoints import Run
 from .exceptions import InsufficientCheckpointsError
 
 __all__ = ["weight_statistics", "tensor_statistics", "spectral_alpha", "powerlaw_alpha", "powerlaw_fit", "layer_eigenvalues",
-           "learning_curve", "BASELINES"]
+           "learning_curve"]
 
 
 def _check(runs: Sequence[Run], k: int) -> None:
@@ -148,6 +148,3 @@ def learning_curve(runs: Sequence[Run], timesteps: int) -> np.ndarray:
         out.append([float(c["val_accuracy"]) for c in cps[:timesteps]])
     return np.asarray(out, dtype=float)
 
-
-BASELINES = {"weight_stats": weight_statistics, "spectral": spectral_alpha,
-             "learning_curve": learning_curve}

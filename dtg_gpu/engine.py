@@ -33,6 +33,7 @@ __all__ = ["resolve_device", "GraphBatchResult", "GraphBlocks", "Unit", "plan_un
 
 DEFAULT_BUDGET_BYTES = 1 << 30
 SMALL_LAYER = 1 << 16  # weights: layers up to this size are stacked before taking norms
+LANCZOS_VECTORS = 32   # solve_perron's ncv: the Lanczos vectors a graph holds
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -192,13 +193,13 @@ def _chunks(items: list, size: int) -> Iterator[list]:
         yield items[i:i + size]
 
 
-def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int, ncv: int = 32) -> int:
+def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -> int:
     """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit ``budget`` bytes."""
     item = torch.finfo(dtype).bits // 8
     sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
     # the next chunk's checkpoints while its blocks are built in the background, blocks
     # three times (this chunk, its transposed copy on CPU, the next chunk) + Lanczos vectors
-    per_graph = item * (sum(sizes) + 3 * topology.num_edges + (ncv + 4) * topology.num_nodes)
+    per_graph = item * (sum(sizes) + 3 * topology.num_edges + (LANCZOS_VECTORS + 4) * topology.num_nodes)
     return max(1, int(budget // max(per_graph, 1)))
 
 

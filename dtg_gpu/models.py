@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 __all__ = ["LeNet5", "VGG", "CifarResNet", "resnet18", "resnet34", "resnet20", "resnet32",
-           "vgg11", "vgg13", "vgg16", "vgg19", "MODELS", "build_model", "input_size"]
+           "vgg11", "vgg13", "vgg16", "vgg19", "MODELS", "build_model"]
 
 
 class LeNet5(nn.Module):
@@ -155,11 +155,6 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "lenet5": LeNet5, "vgg11": vgg11, "vgg13": vgg13, "vgg16": vgg16, "vgg19": vgg19,
     "resnet18": resnet18, "resnet34": resnet34, "resnet20": resnet20, "resnet32": resnet32,
 }
-
-
-def input_size(name: str) -> int:
-    """Side of the square input image the model expects (all are 32)."""
-    return 32
 
 
 def build_model(name: str, **kwargs) -> nn.Module:

@@ -236,13 +236,10 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         F statistic between the classes (scikit-learn's ``f_classif``) on the scaled
         training data, and train the MLP on those; ``None`` (the method) keeps all, as does a
         ``select`` at or above the number of features. The choice is made in :meth:`fit`,
-        from the training split only, and saved with the model. With ~90 training runs
-        and 150 per-layer DTG features the MLP cannot find the few that matter (digits
-        LeNet-5 sweep, k = 5: the signal sits in one convolution), and ``select=3``
-        takes per-layer DTG with quantile scaling from precision / AUC 0.892 / 0.950 to
-        0.949 / 0.965; ``m`` chosen by cross-validation inside each training split gives
-        0.913 / 0.950. Where the signal is spread over layers (the narrow VGG-11 sweep)
-        it hurts (README, ``benchmarks/results/prediction_selection.md``).
+        from the training split only, and saved with the model. It helps where a few of
+        many features carry the signal (one convolution of LeNet-5) and hurts where it is
+        spread over layers; the measurements are in
+        ``benchmarks/results/prediction_selection.md``.
 
     Attributes
     ----------
@@ -337,8 +334,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if self.select is not None and self.select < X.shape[1]:
             self.scores_ = np.where(scale > 0, _f_scores(self._scale_all(Xf), yf), 0.0)  # constant → 0
             self.selected_ = np.sort(np.argsort(-self.scores_, kind="stable")[: int(self.select)])
-        seed = np.random.RandomState(self.random_state).randint(0, 2**31 - 1) if not isinstance(
-            self.random_state, (int, np.integer)) else int(self.random_state)
+        from sklearn.utils import check_random_state
+
+        # an int seeds torch as given; None or a RandomState (scikit-learn's convention) draws one
+        seed = (int(self.random_state) if isinstance(self.random_state, (int, np.integer))
+                else int(check_random_state(self.random_state).randint(0, 2**31 - 1)))
         gen = torch.Generator().manual_seed(seed)
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(seed)

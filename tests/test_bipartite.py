@@ -13,7 +13,7 @@ from dtg_gpu.centrality import _ritz
 from dtg_gpu.engine import load_blocks
 from dtg_gpu.graph import BipartiteSquare
 from dtg_gpu.models import MODELS
-from dtg_gpu.reference import reference_adjacency
+from dtg_gpu.testing.reference import reference_adjacency
 
 
 def GroupedChain():

@@ -9,7 +9,7 @@ from dtg_gpu import BlockOperator, CheckpointError, channel_topology, filter_nor
 from dtg_gpu.engine import load_blocks
 from dtg_gpu.graph import graph_edges, to_networkx
 from dtg_gpu.models import LeNet5
-from dtg_gpu.reference import reference_adjacency
+from dtg_gpu.testing.reference import reference_adjacency
 
 
 def test_filter_norms_match_numpy():

@@ -22,7 +22,7 @@ import dtg_gpu
 from dtg_gpu import Run, analyze, eigenvector_centrality
 from dtg_gpu.centrality import attainable_tol
 from dtg_gpu.models import LeNet5
-from dtg_gpu.reference import reference_adjacency
+from dtg_gpu.testing.reference import reference_adjacency
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -12,7 +12,7 @@ from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer
 
 import dtg_gpu
-from dtg_gpu.reference import reference_adjacency, reference_centrality, reference_graph
+from dtg_gpu.testing.reference import reference_adjacency, reference_centrality, reference_graph
 from dtg_gpu.topology import channel_topology
 
 
