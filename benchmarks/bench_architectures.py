@@ -31,11 +31,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dtg_gpu  # noqa: E402
 from dtg_gpu.testing.reference import reference_adjacency  # noqa: E402
 
-EXTRA = {"googlenet": {"aux_logits": False, "init_weights": False}, "inception_v3": {"aux_logits": False, "init_weights": False}}
+EXTRA = {
+    "googlenet": {"aux_logits": False, "init_weights": False},
+    "inception_v3": {"aux_logits": False, "init_weights": False},
+}
 # timm models, built with random weights at a small input size where the model allows it
-TIMM = {"resnet18": {}, "efficientnet_b0": {}, "convnext_atto": {}, "mobilenetv3_small_050": {},
-        "resnetv2_50x1_bit": {}, "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 8},
-        "deit_tiny_patch16_224": {"img_size": 32, "patch_size": 8}, "mixer_s16_224": {"img_size": 32}}
+TIMM = {
+    "resnet18": {},
+    "efficientnet_b0": {},
+    "convnext_atto": {},
+    "mobilenetv3_small_050": {},
+    "resnetv2_50x1_bit": {},
+    "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 8},
+    "deit_tiny_patch16_224": {"img_size": 32, "patch_size": 8},
+    "mixer_s16_224": {"img_size": 32},
+}
 DEFAULT_TIMM = [f"timm:{n}" for n in TIMM]
 
 
@@ -43,12 +53,13 @@ def build(name: str):
     """A torchvision model by name, or ``timm:NAME`` (random weights, no download)."""
     if name.startswith("timm:"):
         import timm
+
         return timm.create_model(name[5:], pretrained=False, **TIMM.get(name[5:], {}))
     return torchvision.models.get_model(name, weights=None, **EXTRA.get(name, {}))
 
 
 def count(name: str) -> int:
-    try:   # count on the meta device (no memory); some constructors need real tensors
+    try:  # count on the meta device (no memory); some constructors need real tensors
         with torch.device("meta"):
             return sum(p.numel() for p in build(name).parameters())
     except NotImplementedError:
@@ -69,12 +80,19 @@ def row(name: str, ref_max_edges: float, max_params: float) -> dict:
             topo = dtg_gpu.channel_topology(model)
         cov = topo.coverage()
         mats = cov[cov["role"].isin(["graphed", "unsupported"])]
-        out.update(nodes=topo.num_nodes, edges=topo.num_edges, layers=len(topo.layers),
-                   graphed=int((mats["role"] == "graphed").sum()), weight_matrices=len(mats),
-                   warnings=[str(w.message)[:200] for w in caught if isinstance(w.message, dtg_gpu.DTGWarning)])
+        out.update(
+            nodes=topo.num_nodes,
+            edges=topo.num_edges,
+            layers=len(topo.layers),
+            graphed=int((mats["role"] == "graphed").sum()),
+            weight_matrices=len(mats),
+            warnings=[str(w.message)[:200] for w in caught if isinstance(w.message, dtg_gpu.DTGWarning)],
+        )
         sd = model.state_dict()
-        ckpts = [{k: v + 0.01 * t * torch.randn_like(v) if v.is_floating_point() else v for k, v in sd.items()}
-                 for t in range(2)]
+        ckpts = [
+            {k: v + 0.01 * t * torch.randn_like(v) if v.is_floating_point() else v for k, v in sd.items()}
+            for t in range(2)
+        ]
         run = dtg_gpu.Run(model=model, checkpoints=ckpts)
         dtg_gpu.analyze(dtg_gpu.Run(model=model, checkpoints=ckpts[:1]), device="cpu")
         t0 = time.perf_counter()
@@ -86,7 +104,7 @@ def row(name: str, ref_max_edges: float, max_params: float) -> dict:
             _, v = sla.eigsh(a, k=1, which="LA", tol=1e-10)
             v = v[:, 0] * np.sign(v[:, 0].sum())
             out["max_abs_diff_vs_reference"] = float(np.abs(res.centrality[0].double().numpy() - v).max())
-    except Exception as exc:   # the table names what fails
+    except Exception as exc:  # the table names what fails
         out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     return out
 
@@ -97,8 +115,11 @@ def main(argv=None) -> None:
     p.add_argument("--ref-max-edges", type=float, default=3e6)
     p.add_argument("--max-params", type=float, default=1.5e8, help="skip larger models (memory, time)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    p.add_argument("--update", action="store_true",
-                   help="replace only the given models' rows in the existing table, keep the others")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="replace only the given models' rows in the existing table, keep the others",
+    )
     a = p.parse_args(argv)
     names = a.models or torchvision.models.list_models(module=torchvision.models) + DEFAULT_TIMM
     out = Path(a.out)
@@ -110,10 +131,12 @@ def main(argv=None) -> None:
         rows.append(r)
         print(json.dumps(r), flush=True)
     rows.sort(key=lambda r: (r["model"].startswith("timm:"), r["model"]))
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on the CPU (2 threads), torch {torch.__version__}, "
-             f"torchvision {torchvision.__version__}; random weights, 2 checkpoints, float32.\n",
-             "| model | nodes | edges | coverage | s / checkpoint | converged | max abs diff vs reference | note |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on the CPU (2 threads), torch {torch.__version__}, "
+        f"torchvision {torchvision.__version__}; random weights, 2 checkpoints, float32.\n",
+        "| model | nodes | edges | coverage | s / checkpoint | converged | max abs diff vs reference | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r and "nodes" not in r:
             lines.append(f"| {r['model']} | – | – | – | – | – | – | **fails**: {r['error']} |")
@@ -122,8 +145,10 @@ def main(argv=None) -> None:
         sec = f"{r['seconds_per_checkpoint']:.3f}" if "seconds_per_checkpoint" in r else "–"
         note = r.get("error", "") or "; ".join(r.get("warnings", []))
         conv = {True: "yes", False: "no"}.get(r.get("converged"), "–")
-        lines.append(f"| {r['model']} | {r['nodes']:,} | {r['edges']:,} | {r['graphed']}/{r['weight_matrices']} | "
-                     f"{sec} | {conv} | {diff} | {note} |")
+        lines.append(
+            f"| {r['model']} | {r['nodes']:,} | {r['edges']:,} | {r['graphed']}/{r['weight_matrices']} | "
+            f"{sec} | {conv} | {diff} | {note} |"
+        )
     (out / "architectures_cpu.md").write_text("\n".join(lines) + "\n")
     (out / "architectures_cpu.json").write_text(json.dumps(rows, indent=2))
     print(f"wrote {out / 'architectures_cpu.md'}")

@@ -57,8 +57,9 @@ def sweep_records(folder: Path, work: Path) -> dict:
     t0 = time.perf_counter()
     for run in runs:
         acc = [c.get("val_accuracy") for c in run.meta.get("checkpoints", [])]
-        out["runs"].append({"name": run.name, "final": run.final_accuracy, "val": acc,
-                            "records": run_records(run, device="cpu")})
+        out["runs"].append(
+            {"name": run.name, "final": run.final_accuracy, "val": acc, "records": run_records(run, device="cpu")}
+        )
     out["seconds"] = time.perf_counter() - t0
     out["model"] = runs[0].meta.get("model")
     work.mkdir(parents=True, exist_ok=True)
@@ -85,8 +86,7 @@ def methods(quick: bool) -> dict:
 
 def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> dict:
     runs = sweep["runs"]
-    study = optuna.create_study(direction="maximize", pruner=pruner,
-                                sampler=optuna.samplers.RandomSampler(seed=0))
+    study = optuna.create_study(direction="maximize", pruner=pruner, sampler=optuna.samplers.RandomSampler(seed=0))
     epochs_run, completed = [], []
     for i in order:
         r = runs[i]
@@ -113,22 +113,29 @@ def metrics(sweep: dict, res: dict) -> dict:
     total = sum(len(r["records"]) for r in sweep["runs"])
     best = float(np.nanmax(finals))
     kept = finals[res["completed"]] if res["completed"] else np.array([-np.inf])
-    top = set(np.argsort(-finals)[:max(1, int(round(0.1 * len(finals))))].tolist())
-    return {"saved": 1 - sum(res["epochs"]) / total,
-            "regret": best - float(np.nanmax(kept)),
-            "best_survives": int(np.nanargmax(finals)) in set(res["completed"]),
-            "top10_recall": len(top & set(res["completed"])) / len(top)}
+    top = set(np.argsort(-finals)[: max(1, int(round(0.1 * len(finals))))].tolist())
+    return {
+        "saved": 1 - sum(res["epochs"]) / total,
+        "regret": best - float(np.nanmax(kept)),
+        "best_survives": int(np.nanargmax(finals)) in set(res["completed"]),
+        "top10_recall": len(top & set(res["completed"])) / len(top),
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
     s = np.array([r["saved"] for r in rows])
     reg = np.array([r["regret"] for r in rows])
-    return {"saved_mean": float(s.mean()), "saved_min": float(s.min()), "saved_max": float(s.max()),
-            "regret_mean": float(reg.mean()), "regret_max": float(reg.max()),
-            "regret_zero_share": float((reg <= 1e-12).mean()),
-            "best_survives_share": float(np.mean([r["best_survives"] for r in rows])),
-            "top10_recall_mean": float(np.mean([r["top10_recall"] for r in rows])),
-            "orderings": len(rows)}
+    return {
+        "saved_mean": float(s.mean()),
+        "saved_min": float(s.min()),
+        "saved_max": float(s.max()),
+        "regret_mean": float(reg.mean()),
+        "regret_max": float(reg.max()),
+        "regret_zero_share": float((reg <= 1e-12).mean()),
+        "best_survives_share": float(np.mean([r["best_survives"] for r in rows])),
+        "top10_recall_mean": float(np.mean([r["top10_recall"] for r in rows])),
+        "orderings": len(rows),
+    }
 
 
 def main() -> None:
@@ -150,8 +157,14 @@ def main() -> None:
         n = len(sweep["runs"])
         rng = np.random.default_rng(0)
         orders = [rng.permutation(n) for _ in range(n_orders)]
-        res = {"runs": n, "checkpoints": len(sweep["runs"][0]["records"]), "model": sweep.get("model"),
-               "record_seconds": sweep.get("seconds"), "methods": {}, "curve": {}}
+        res = {
+            "runs": n,
+            "checkpoints": len(sweep["runs"][0]["records"]),
+            "model": sweep.get("model"),
+            "record_seconds": sweep.get("seconds"),
+            "methods": {},
+            "curve": {},
+        }
         for name, make in methods(a.quick).items():
             if a.only and name not in a.only:
                 continue
@@ -159,19 +172,27 @@ def main() -> None:
             rows = [metrics(sweep, replay(sweep, o, make())) for o in orders]
             res["methods"][name] = summarise(rows) | {"seconds": time.perf_counter() - t0}
             m = res["methods"][name]
-            print(f"{folder.name:>10} {name:<36} saved {m['saved_mean']:.3f} [{m['saved_min']:.3f}, "
-                  f"{m['saved_max']:.3f}]  regret mean {m['regret_mean']:.4f} max {m['regret_max']:.4f}  "
-                  f"R=0 in {m['regret_zero_share']:.0%}  top10 recall {m['top10_recall_mean']:.2f}  "
-                  f"({m['seconds']:.0f} s)", flush=True)
+            print(
+                f"{folder.name:>10} {name:<36} saved {m['saved_mean']:.3f} [{m['saved_min']:.3f}, "
+                f"{m['saved_max']:.3f}]  regret mean {m['regret_mean']:.4f} max {m['regret_max']:.4f}  "
+                f"R=0 in {m['regret_zero_share']:.0%}  top10 recall {m['top10_recall_mean']:.2f}  "
+                f"({m['seconds']:.0f} s)",
+                flush=True,
+            )
         if not a.quick:
             for label, kw in (("data-free", dict(use_values=False)), ("with val_accuracy", dict(use_values=True))):
                 pts = []
                 for mp in a.curve:
-                    rows = [metrics(sweep, replay(sweep, o, DTGPruner(min_probability=mp, **kw)))
-                            for o in orders[:a.curve_orderings]]
+                    rows = [
+                        metrics(sweep, replay(sweep, o, DTGPruner(min_probability=mp, **kw)))
+                        for o in orders[: a.curve_orderings]
+                    ]
                     pts.append({"min_probability": mp} | summarise(rows))
-                    print(f"{folder.name:>10} curve {label:<18} min_p {mp:.2f}: saved {pts[-1]['saved_mean']:.3f} "
-                          f"regret max {pts[-1]['regret_max']:.4f} R=0 {pts[-1]['regret_zero_share']:.0%}", flush=True)
+                    print(
+                        f"{folder.name:>10} curve {label:<18} min_p {mp:.2f}: saved {pts[-1]['saved_mean']:.3f} "
+                        f"regret max {pts[-1]['regret_max']:.4f} R=0 {pts[-1]['regret_zero_share']:.0%}",
+                        flush=True,
+                    )
                 res["curve"][label] = pts
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
@@ -184,30 +205,48 @@ def main() -> None:
 
 
 def write_markdown(results: dict, path: Path) -> None:
-    lines = [f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})", "",
-             "`python benchmarks/bench_early_stopping.py SWEEP ...`. S: share of the sweep's epochs not run; "
-             "R: best final accuracy of the sweep minus the best among completed trials. "
-             "Optuna's pruners (and `+val_accuracy`) read the recorded validation accuracy; "
-             "`data-free` ones read only the weights.", ""]
+    lines = [
+        f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})",
+        "",
+        "`python benchmarks/bench_early_stopping.py SWEEP ...`. S: share of the sweep's epochs not run; "
+        "R: best final accuracy of the sweep minus the best among completed trials. "
+        "Optuna's pruners (and `+val_accuracy`) read the recorded validation accuracy; "
+        "`data-free` ones read only the weights.",
+        "",
+    ]
     for name, res in results["sweeps"].items():
-        lines += [f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints", "",
-                  "| method | S mean [min, max] | R mean | R max | R = 0 | best survives | top-10 % recall |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints",
+            "",
+            "| method | S mean [min, max] | R mean | R max | R = 0 | best survives | top-10 % recall |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for m, s in res["methods"].items():
-            lines.append(f"| {m} | {s['saved_mean']:.3f} [{s['saved_min']:.3f}, {s['saved_max']:.3f}] | "
-                         f"{s['regret_mean']:.4f} | {s['regret_max']:.4f} | {s['regret_zero_share']:.0%} | "
-                         f"{s['best_survives_share']:.0%} | {s['top10_recall_mean']:.2f} |")
+            lines.append(
+                f"| {m} | {s['saved_mean']:.3f} [{s['saved_min']:.3f}, {s['saved_max']:.3f}] | "
+                f"{s['regret_mean']:.4f} | {s['regret_max']:.4f} | {s['regret_zero_share']:.0%} | "
+                f"{s['best_survives_share']:.0%} | {s['top10_recall_mean']:.2f} |"
+            )
         for label, pts in res.get("curve", {}).items():
-            lines += ["", f"DTGPruner {label}, over `min_probability`:", "",
-                      "| min_probability | S mean | R max | R = 0 |", "|---|---|---|---|"]
-            lines += [f"| {p['min_probability']} | {p['saved_mean']:.3f} | {p['regret_max']:.4f} | "
-                      f"{p['regret_zero_share']:.0%} |" for p in pts]
+            lines += [
+                "",
+                f"DTGPruner {label}, over `min_probability`:",
+                "",
+                "| min_probability | S mean | R max | R = 0 |",
+                "|---|---|---|---|",
+            ]
+            lines += [
+                f"| {p['min_probability']} | {p['saved_mean']:.3f} | {p['regret_max']:.4f} | "
+                f"{p['regret_zero_share']:.0%} |"
+                for p in pts
+            ]
         lines.append("")
     path.write_text("\n".join(lines))
 
 
 def plot(results: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

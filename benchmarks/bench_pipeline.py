@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 def _synthetic(model, runs: int, t: int):
     """In-memory runs: the model's weights plus a random walk (for the edges series)."""
     from dtg_gpu import Run
+
     out = []
     for i in range(runs):
         g = torch.Generator().manual_seed(i)
@@ -57,20 +58,27 @@ def _synthetic(model, runs: int, t: int):
 def _runs(workload: str, work: Path, runs: int, t: int):
     from dtg_gpu import Run
     from dtg_gpu.models import build_model
+
     if workload.startswith("mem:"):  # mem:<model>:<width>
         _, name, width = workload.split(":")
         kw = {"width": float(width)} if name.startswith("vgg") else {}
-        return _synthetic(build_model(name, num_classes=10, in_channels=3 if name != "lenet5" else 1, **kw),
-                          runs, t)
+        return _synthetic(build_model(name, num_classes=10, in_channels=3 if name != "lenet5" else 1, **kw), runs, t)
     if workload == "digits":
         from dtg_gpu.sweeps import load_sweep
+
         out = load_sweep(work)[:runs]
         for r in out:
             r.checkpoints = list(r.checkpoints)[:t]
         return out
     model = build_model("vgg11", num_classes=10, in_channels=3)
-    return [Run(model=model, checkpoints=sorted((work / workload / f"run-{i:03d}").glob("*.safetensors"))[:t],
-                name=f"run-{i:03d}") for i in range(runs)]
+    return [
+        Run(
+            model=model,
+            checkpoints=sorted((work / workload / f"run-{i:03d}").glob("*.safetensors"))[:t],
+            name=f"run-{i:03d}",
+        )
+        for i in range(runs)
+    ]
 
 
 def _evict(runs) -> None:
@@ -88,6 +96,7 @@ def _evict(runs) -> None:
 
 def worker(a) -> None:
     from dtg_gpu import featurize
+
     runs = _runs(a.workload, Path(a.work), a.runs, a.t)
     if a.cold:
         _evict(runs)
@@ -106,8 +115,7 @@ def worker(a) -> None:
         extra = {"finite": bool(torch.isfinite(X).all())}
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak / 1024,
-                      "rss_before_mb": base / 1024, **extra}))
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak / 1024, "rss_before_mb": base / 1024, **extra}))
 
 
 # --------------------------------------------------------------------------- driver side
@@ -116,6 +124,7 @@ def _write_vgg(work: Path, runs: int, t_first: int, t: int) -> None:
     from safetensors.torch import save_file
 
     from dtg_gpu.models import build_model
+
     for i in range(runs):
         t_i = t_first if i == 0 else t
         folder = work / "vgg11" / f"run-{i:03d}"
@@ -124,8 +133,10 @@ def _write_vgg(work: Path, runs: int, t_first: int, t: int) -> None:
             continue
         folder.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(i)
-        state = {k: v.detach().clone().contiguous()
-                 for k, v in build_model("vgg11", num_classes=10, in_channels=3).state_dict().items()}
+        state = {
+            k: v.detach().clone().contiguous()
+            for k, v in build_model("vgg11", num_classes=10, in_channels=3).state_dict().items()
+        }
         g = torch.Generator().manual_seed(1000 + i)
         for j in range(t_i):
             for v in state.values():
@@ -140,9 +151,15 @@ DIGITS: dict = {}
 def _ensure_digits(path: Path, t: int) -> None:
     """The default digits sweep (as bench_sweep.py / bench_prediction.py), trained if absent."""
     from dtg_gpu.sweeps import SweepConfig, run_sweep
-    cfg = SweepConfig(model="lenet5", dataset="digits",
-                      lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
-                      dropouts=(0.0, 0.25, 0.5, 0.75), seeds=3, epochs=t)
+
+    cfg = SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
+        dropouts=(0.0, 0.25, 0.5, 0.75),
+        seeds=3,
+        epochs=t,
+    )
     run_sweep(cfg, path, progress=False)
     DIGITS["path"] = path
 
@@ -150,8 +167,23 @@ def _ensure_digits(path: Path, t: int) -> None:
 def measure(workload: str, work: Path, runs: int, t: int, mode: str, device: str, cold: bool = False) -> dict:
     if workload == "digits":
         work = DIGITS["path"]
-    cmd = [sys.executable, __file__, "--worker", "--workload", workload, "--work", str(work),
-           "--runs", str(runs), "--t", str(t), "--mode", mode, "--device", device] + (["--cold"] if cold else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--workload",
+        workload,
+        "--work",
+        str(work),
+        "--runs",
+        str(runs),
+        "--t",
+        str(t),
+        "--mode",
+        mode,
+        "--device",
+        device,
+    ] + (["--cold"] if cold else [])
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
@@ -165,8 +197,11 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-pipeline"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--digits", default=None,
-                   help="an existing default digits sweep folder (bench_prediction.py's lenet5); else trained here")
+    p.add_argument(
+        "--digits",
+        default=None,
+        help="an existing default digits sweep folder (bench_prediction.py's lenet5); else trained here",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", default="vgg11", help=argparse.SUPPRESS)
     p.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
@@ -185,25 +220,37 @@ def main(argv=None):
         t_grid, run_grid, digits_t = [5, 10, 20, 40], [1, 2, 4, 8], 20
     _write_vgg(work, max(run_grid), max(t_grid), t_grid[1])
     _ensure_digits(Path(a.digits) if a.digits else work / "digits", digits_t)
-    points = ([("vgg11", 1, t) for t in t_grid] + [("vgg11", r, t_grid[1]) for r in run_grid if r > 1]
-              + [("digits", 96, digits_t)])
+    points = (
+        [("vgg11", 1, t) for t in t_grid]
+        + [("vgg11", r, t_grid[1]) for r in run_grid if r > 1]
+        + [("digits", 96, digits_t)]
+    )
     rows = []
     for workload, runs, t in points:
         cold_read = measure(workload, work, runs, t, "read", a.device, cold=True)
         cold_feat = measure(workload, work, runs, t, "featurize", a.device, cold=True)
         read = measure(workload, work, runs, t, "read", a.device)  # page cache now warm
         feat = measure(workload, work, runs, t, "featurize", a.device)
-        row = {"workload": workload, "runs": runs, "T": t, "graphs": runs * t,
-               "cold_read_s": round(cold_read["seconds"], 3), "cold_featurize_s": round(cold_feat["seconds"], 3),
-               "cold_ratio": round(cold_feat["seconds"] / cold_read["seconds"], 2),
-               "read_s": round(read["seconds"], 3), "featurize_s": round(feat["seconds"], 3),
-               "ratio": round(feat["seconds"] / read["seconds"], 2),
-               "read_peak_rss_mb": round(read["peak_rss_mb"]), "featurize_peak_rss_mb": round(feat["peak_rss_mb"]),
-               "finite": feat["finite"]}
+        row = {
+            "workload": workload,
+            "runs": runs,
+            "T": t,
+            "graphs": runs * t,
+            "cold_read_s": round(cold_read["seconds"], 3),
+            "cold_featurize_s": round(cold_feat["seconds"], 3),
+            "cold_ratio": round(cold_feat["seconds"] / cold_read["seconds"], 2),
+            "read_s": round(read["seconds"], 3),
+            "featurize_s": round(feat["seconds"], 3),
+            "ratio": round(feat["seconds"] / read["seconds"], 2),
+            "read_peak_rss_mb": round(read["peak_rss_mb"]),
+            "featurize_peak_rss_mb": round(feat["peak_rss_mb"]),
+            "finite": feat["finite"],
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     from dtg_gpu.models import build_model
     from dtg_gpu.topology import channel_topology
+
     edges = []  # featurise time against graph size: in-memory runs, T = 10
     sizes = [("lenet5", 1), ("vgg11", 0.125), ("vgg11", 0.25), ("vgg11", 0.5), ("vgg11", 1)]
     if not a.quick:
@@ -212,28 +259,51 @@ def main(argv=None):
         kw = {"width": width} if name.startswith("vgg") else {}
         topo = channel_topology(build_model(name, num_classes=10, in_channels=1 if name == "lenet5" else 3, **kw))
         feat = measure(f"mem:{name}:{width}", work, 1, 10, "featurize", a.device)
-        edges.append({"model": name, "width": width, "nodes": topo.num_nodes, "edges": topo.num_edges, "T": 10,
-                      "featurize_s": round(feat["seconds"], 3), "peak_rss_mb": round(feat["peak_rss_mb"])})
+        edges.append(
+            {
+                "model": name,
+                "width": width,
+                "nodes": topo.num_nodes,
+                "edges": topo.num_edges,
+                "T": 10,
+                "featurize_s": round(feat["seconds"], 3),
+                "peak_rss_mb": round(feat["peak_rss_mb"]),
+            }
+        )
         print(json.dumps(edges[-1]), flush=True)
     topo = channel_topology(build_model("vgg11", num_classes=10, in_channels=3))
-    res = {"device": a.device, "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M"),
-           "vgg11_nodes": topo.num_nodes, "vgg11_edges": topo.num_edges,
-           "checkpoint_mb_vgg11": round(sum(p.numel() for p in build_model("vgg11").parameters()) * 4 / 2**20, 1),
-           "page_cache": "cold_* columns: files evicted with posix_fadvise(DONTNEED) first; others: warm",
-           "rows": rows, "edges": edges}
+    res = {
+        "device": a.device,
+        "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "vgg11_nodes": topo.num_nodes,
+        "vgg11_edges": topo.num_edges,
+        "checkpoint_mb_vgg11": round(sum(p.numel() for p in build_model("vgg11").parameters()) * 4 / 2**20, 1),
+        "page_cache": "cold_* columns: files evicted with posix_fadvise(DONTNEED) first; others: warm",
+        "rows": rows,
+        "edges": edges,
+    }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"pipeline_{a.device}" + ("_quick" if a.quick else "")
     (out / f"{stem}.json").write_text(json.dumps(res, indent=2))
-    lines = ["| workload | runs | T | graphs | cold read s | cold featurise s | cold ratio | warm read s | "
-             "warm featurise s | warm ratio | peak RSS MB (read / featurise) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['workload']} | {r['runs']} | {r['T']} | {r['graphs']} | {r['cold_read_s']} | {r['cold_featurize_s']} | "
-              f"{r['cold_ratio']} | {r['read_s']} | {r['featurize_s']} | "
-              f"{r['ratio']} | {r['read_peak_rss_mb']} / {r['featurize_peak_rss_mb']} |" for r in rows]
+    lines = [
+        "| workload | runs | T | graphs | cold read s | cold featurise s | cold ratio | warm read s | "
+        "warm featurise s | warm ratio | peak RSS MB (read / featurise) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['workload']} | {r['runs']} | {r['T']} | {r['graphs']} | {r['cold_read_s']} | {r['cold_featurize_s']} | "
+        f"{r['cold_ratio']} | {r['read_s']} | {r['featurize_s']} | "
+        f"{r['ratio']} | {r['read_peak_rss_mb']} / {r['featurize_peak_rss_mb']} |"
+        for r in rows
+    ]
     lines += ["", "| model | width | nodes | edges | T | featurise s | peak RSS MB |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {e['model']} | {e['width']} | {e['nodes']} | {e['edges']} | {e['T']} | {e['featurize_s']} | "
-              f"{e['peak_rss_mb']} |" for e in edges]
+    lines += [
+        f"| {e['model']} | {e['width']} | {e['nodes']} | {e['edges']} | {e['T']} | {e['featurize_s']} | "
+        f"{e['peak_rss_mb']} |"
+        for e in edges
+    ]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(res, out / f"{stem}_scaling.png")
@@ -242,18 +312,29 @@ def main(argv=None):
 def plot(res: dict, path: Path) -> None:
     """Featurise time against T, runs and edges (log-log, with a slope-1 guide)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = [r for r in res["rows"] if r["workload"] == "vgg11"]
     by_t = sorted((r for r in rows if r["runs"] == 1), key=lambda r: r["T"])
     t_runs = by_t[1]["T"] if len(by_t) > 1 else by_t[0]["T"]
     by_runs = sorted((r for r in rows if r["T"] == t_runs), key=lambda r: r["runs"])
-    series = [("checkpoints T (VGG-11, 1 run)", [r["T"] for r in by_t], [r["featurize_s"] for r in by_t],
-               [r["read_s"] for r in by_t]),
-              (f"runs (VGG-11, T={t_runs})", [r["runs"] for r in by_runs], [r["featurize_s"] for r in by_runs],
-               [r["read_s"] for r in by_runs]),
-              ("edges (T=10, in memory)", [e["edges"] for e in res["edges"]], [e["featurize_s"] for e in res["edges"]],
-               None)]
+    series = [
+        (
+            "checkpoints T (VGG-11, 1 run)",
+            [r["T"] for r in by_t],
+            [r["featurize_s"] for r in by_t],
+            [r["read_s"] for r in by_t],
+        ),
+        (
+            f"runs (VGG-11, T={t_runs})",
+            [r["runs"] for r in by_runs],
+            [r["featurize_s"] for r in by_runs],
+            [r["read_s"] for r in by_runs],
+        ),
+        ("edges (T=10, in memory)", [e["edges"] for e in res["edges"]], [e["featurize_s"] for e in res["edges"]], None),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     for ax, (label, x, y, read) in zip(axes, series):
         ax.loglog(x, y, "o-", label="featurise (read + solve)")

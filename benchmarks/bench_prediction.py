@@ -41,18 +41,42 @@ from dtg_gpu.workflow import compare, featurize_sweep  # noqa: E402
 LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
 VGG_LRS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1)  # where a plain narrow VGG trains at all
 DROPOUTS = (0.0, 0.25, 0.5, 0.75)
-NAMES = ["dtg", "weight_stats", "spectral", "dtg+weight_stats", "dtg+eigenvalue", "dtg_per_layer",
-         "dtg_per_layer+eigenvalue", "learning_curve"]
+NAMES = [
+    "dtg",
+    "weight_stats",
+    "spectral",
+    "dtg+weight_stats",
+    "dtg+eigenvalue",
+    "dtg_per_layer",
+    "dtg_per_layer+eigenvalue",
+    "learning_curve",
+]
 
 
 def sweeps(quick: bool) -> dict[str, SweepConfig]:
     seeds = 1 if quick else 3
     return {
-        "lenet5": SweepConfig(model="lenet5", dataset="digits", lrs=LRS, dropouts=DROPOUTS, seeds=seeds,
-                              epochs=20, checkpoint_every=1, checkpoint_unit="epoch"),
-        "vgg11n": SweepConfig(model="vgg11", dataset="digits", lrs=VGG_LRS, dropouts=DROPOUTS, seeds=seeds,
-                              epochs=20, checkpoint_every=1, checkpoint_unit="epoch",
-                              model_kwargs={"width": 1 / 16}),
+        "lenet5": SweepConfig(
+            model="lenet5",
+            dataset="digits",
+            lrs=LRS,
+            dropouts=DROPOUTS,
+            seeds=seeds,
+            epochs=20,
+            checkpoint_every=1,
+            checkpoint_unit="epoch",
+        ),
+        "vgg11n": SweepConfig(
+            model="vgg11",
+            dataset="digits",
+            lrs=VGG_LRS,
+            dropouts=DROPOUTS,
+            seeds=seeds,
+            epochs=20,
+            checkpoint_every=1,
+            checkpoint_unit="epoch",
+            model_kwargs={"width": 1 / 16},
+        ),
     }
 
 
@@ -74,8 +98,7 @@ def investigate(sf, k: int, threshold, repeats: int) -> list[dict]:
         X = np.asarray(X, dtype=float)
         ok = np.isfinite(X).all(1)
         s = evaluate(clf, np.where(np.isfinite(X), X, np.nan), y, repeats=repeats)
-        rows.append({"variant": what, "dims": int(X.shape[1]), "rows_nonfinite": int((~ok).sum()),
-                     **_score(s)})
+        rows.append({"variant": what, "dims": int(X.shape[1]), "rows_nonfinite": int((~ok).sum()), **_score(s)})
 
     add("SPEC: alpha=0.5, MLP(32)", sf.dtg(k))
     for a in (0.2, 0.8, 1.0):
@@ -83,22 +106,26 @@ def investigate(sf, k: int, threshold, repeats: int) -> list[dict]:
     add("last timestep only (5 features)", sf.dtg(k)[:, -5:])
     add("MLP(8)", sf.dtg(k), PerformancePredictor(hidden_sizes=(8,)))
     add("MLP(64, 64)", sf.dtg(k), PerformancePredictor(hidden_sizes=(64, 64)))
-    add("logistic regression", sf.dtg(k),
-        make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))
+    add("logistic regression", sf.dtg(k), make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))
     # normalisation: centrality of unit L2 norm (SPEC) -> statistics of sqrt(N)*c (unit mean square),
     # which only rescales mean/std/max; skew and kurtosis are scale-free.
     n = sf.runs[0].topology.num_nodes
     st = sf.stats[:, :k].clone()
-    st[..., :3] *= n ** 0.5
+    st[..., :3] *= n**0.5
     add("centrality scaled to unit mean square", temporal_features(st, sf.alpha).double().numpy())
     add("dtg + smoothed log lambda_1 (option eigenvalue=True)", sf.dtg(k, eigenvalue=True))
     add("smoothed log lambda_1 alone", temporal_features(sf.log_eigenvalue[:, :k, None], sf.alpha).double().numpy())
     add("per-layer statistics (option per_layer=True)", sf.dtg(k, per_layer=True))
     add("per-layer statistics + log lambda_1", sf.dtg(k, per_layer=True, eigenvalue=True))
-    add("per-layer statistics, alpha=1.0", temporal_features(
-        torch.cat([sf.stats[:, :k], sf.layer_stats[:, :k]], -1), 1.0).double().numpy())
-    add("per-layer statistics, logistic regression", sf.dtg(k, per_layer=True),
-        make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))
+    add(
+        "per-layer statistics, alpha=1.0",
+        temporal_features(torch.cat([sf.stats[:, :k], sf.layer_stats[:, :k]], -1), 1.0).double().numpy(),
+    )
+    add(
+        "per-layer statistics, logistic regression",
+        sf.dtg(k, per_layer=True),
+        make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)),
+    )
     quantile = PerformancePredictor(scaling="quantile")
     add("quantile scaling (option scaling='quantile')", sf.dtg(k), quantile)
     add("per-layer statistics, quantile scaling", sf.dtg(k, per_layer=True), quantile)
@@ -108,11 +135,12 @@ def investigate(sf, k: int, threshold, repeats: int) -> list[dict]:
 
 def plot(results: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     panels = [(sw, th) for sw in results["sweeps"] for th in results["sweeps"][sw]["thresholds"]]
-    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.3 * len(panels)), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.3 * len(panels)), constrained_layout=True, squeeze=False)
     for (sw, th), row in zip(panels, axes):
         rows = results["sweeps"][sw]["thresholds"][th]["rows"]
         for ax, metric in zip(row, ("precision", "roc_auc")):
@@ -120,8 +148,7 @@ def plot(results: dict, path: Path) -> None:
                 sel = sorted((r for r in rows if r["features"] == name), key=lambda r: r["k"])
                 k = [r["k"] for r in sel]
                 ax.plot(k, [r[metric]["mean"] for r in sel], marker="o", ms=3, label=name)
-                ax.fill_between(k, [r[metric]["ci_low"] for r in sel], [r[metric]["ci_high"] for r in sel],
-                                alpha=0.12)
+                ax.fill_between(k, [r[metric]["ci_low"] for r in sel], [r[metric]["ci_high"] for r in sel], alpha=0.12)
             ax.set_xscale("log")
             ax.set_xticks([1, 2, 3, 5, 10, 20], ["1", "2", "3", "5", "10", "20"])
             ax.set_ylim(0.0, 1.02)
@@ -140,18 +167,30 @@ def hyperparameter_oracle(runs, y) -> dict:
     that only recovers the hyper-parameters from early weights cannot beat it; one that
     does has read something of the run itself."""
     from sklearn.metrics import precision_score, roc_auc_score
+
     keys = [(r.meta.get("lr"), r.meta.get("dropout")) for r in runs]
     y = np.asarray(y)
-    score = np.array([np.mean([y[j] for j in range(len(runs)) if keys[j] == keys[i] and j != i] or [0.5])
-                      for i in range(len(runs))])
+    score = np.array(
+        [np.mean([y[j] for j in range(len(runs)) if keys[j] == keys[i] and j != i] or [0.5]) for i in range(len(runs))]
+    )
     mixed = sum(len({int(y[j]) for j in range(len(runs)) if keys[j] == k}) > 1 for k in set(keys))
-    return {"precision": float(precision_score(y, (score >= 0.5).astype(int), zero_division=0)),
-            "roc_auc": float(roc_auc_score(y, score)), "configs": len(set(keys)),
-            "configs_seeds_disagree": int(mixed)}
+    return {
+        "precision": float(precision_score(y, (score >= 0.5).astype(int), zero_division=0)),
+        "roc_auc": float(roc_auc_score(y, score)),
+        "configs": len(set(keys)),
+        "configs_seeds_disagree": int(mixed),
+    }
 
 
-FOCUS = ["dtg", "dtg_per_layer", "dtg_per_layer+eigenvalue", "weight_stats", "spectral",
-         "dtg+weight_stats", "learning_curve"]
+FOCUS = [
+    "dtg",
+    "dtg_per_layer",
+    "dtg_per_layer+eigenvalue",
+    "weight_stats",
+    "spectral",
+    "dtg+weight_stats",
+    "learning_curve",
+]
 
 
 def focus(a) -> None:
@@ -162,13 +201,20 @@ def focus(a) -> None:
     splits and the MLP seeds."""
     columns = [("standard", "float32"), ("quantile", "float32")] + ([("standard", "float64")] if a.float64 else [])
     label = {c: f"{c[0]} ({c[1]})" for c in columns}
-    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats or 100,
-               "columns": [label[c] for c in columns], "sweeps": {}}
-    lines = [f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits; "
-             "precision / AUC mean [95 % CI]. Columns: the predictor's feature scaling, `standard` "
-             "(SPEC: mean and std of the training split) or `quantile` (option beyond SPEC: normal "
-             "scores of the training ranks), and the dtype the centralities were solved in. "
-             "All columns share the splits and MLP seeds.", ""]
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "repeats": a.repeats or 100,
+        "columns": [label[c] for c in columns],
+        "sweeps": {},
+    }
+    lines = [
+        f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits; "
+        "precision / AUC mean [95 % CI]. Columns: the predictor's feature scaling, `standard` "
+        "(SPEC: mean and std of the training split) or `quantile` (option beyond SPEC: normal "
+        "scores of the training ranks), and the dtype the centralities were solved in. "
+        "All columns share the splits and MLP seeds.",
+        "",
+    ]
     for name, cfg in sweeps(a.quick).items():
         if a.only and name not in a.only:
             continue
@@ -183,24 +229,45 @@ def focus(a) -> None:
                 if fs in ("weight_stats", "spectral", "learning_curve") and dt == "float64":
                     row[label[scaling, dt]] = row[label[scaling, "float32"]]  # no centrality in these
                     continue
-                r = compare(per_dtype[dt], [k], [fs], threshold="median", repeats=results["repeats"],
-                            clf=PerformancePredictor(scaling=scaling))[0]
+                r = compare(
+                    per_dtype[dt],
+                    [k],
+                    [fs],
+                    threshold="median",
+                    repeats=results["repeats"],
+                    clf=PerformancePredictor(scaling=scaling),
+                )[0]
                 row[label[scaling, dt]] = _score(r["scores"])
             rows.append(row)
-            print(name, fs, {c: (round(v["precision"]["mean"], 3), round(v["roc_auc"]["mean"], 3))
-                             for c, v in row.items() if c != "features"}, flush=True)
+            print(
+                name,
+                fs,
+                {
+                    c: (round(v["precision"]["mean"], 3), round(v["roc_auc"]["mean"], 3))
+                    for c, v in row.items()
+                    if c != "features"
+                },
+                flush=True,
+            )
         oracle = hyperparameter_oracle(runs, label_runs(base.accuracies, "median"))
         results["sweeps"][name] = {"k": k, "rows": rows, "hyperparameter_oracle": oracle}
-        lines += [f"### {name}, k = {k} of {base.timesteps}", "",
-                  f"Hyperparameter oracle (each run gets the share of sufficient runs among the other seeds "
-                  f"of its own lr and dropout; no features): precision {oracle['precision']:.3f}, AUC "
-                  f"{oracle['roc_auc']:.3f}; {oracle['configs_seeds_disagree']} of {oracle['configs']} "
-                  "configurations have seeds on both sides of the label.", "",
-                  "| features | " + " | ".join(f"precision, {label[c]} | AUC, {label[c]}" for c in columns) + " |",
-                  "|---|" + "---|---|" * len(columns)]
+        lines += [
+            f"### {name}, k = {k} of {base.timesteps}",
+            "",
+            f"Hyperparameter oracle (each run gets the share of sufficient runs among the other seeds "
+            f"of its own lr and dropout; no features): precision {oracle['precision']:.3f}, AUC "
+            f"{oracle['roc_auc']:.3f}; {oracle['configs_seeds_disagree']} of {oracle['configs']} "
+            "configurations have seeds on both sides of the label.",
+            "",
+            "| features | " + " | ".join(f"precision, {label[c]} | AUC, {label[c]}" for c in columns) + " |",
+            "|---|" + "---|---|" * len(columns),
+        ]
         for row in rows:
-            cells = [f"{row[label[c]][m]['mean']:.3f} [{row[label[c]][m]['ci_low']:.2f}, {row[label[c]][m]['ci_high']:.2f}]"
-                     for c in columns for m in ("precision", "roc_auc")]
+            cells = [
+                f"{row[label[c]][m]['mean']:.3f} [{row[label[c]][m]['ci_low']:.2f}, {row[label[c]][m]['ci_high']:.2f}]"
+                for c in columns
+                for m in ("precision", "roc_auc")
+            ]
             lines.append(f"| {row['features']} | " + " | ".join(cells) + " |")
         lines.append("")
     out = Path(a.out)
@@ -218,8 +285,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--fixed", type=float, default=0.9, help="fixed accuracy threshold (default 0.9)")
     p.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: all)")
-    p.add_argument("--focus", action="store_true",
-                   help="only the headline (k = 25 %%, median label) with 100 splits, standard and quantile scaling")
+    p.add_argument(
+        "--focus",
+        action="store_true",
+        help="only the headline (k = 25 %%, median label) with 100 splits, standard and quantile scaling",
+    )
     p.add_argument("--float64", action="store_true", help="with --focus: also features solved in float64")
     a = p.parse_args(argv)
     if a.focus:
@@ -238,29 +308,44 @@ def main(argv=None):
         sf = featurize_sweep(runs, alpha=0.5)
         featurised = time.perf_counter() - t0
         acc = sf.accuracies
-        entry = {"runs": len(runs), "timesteps": sf.timesteps, "train_s": round(trained, 1),
-                 "featurize_s": round(featurised, 1),
-                 "final_accuracy": {"min": float(np.nanmin(acc)), "median": float(np.nanmedian(acc)),
-                                    "max": float(np.nanmax(acc))},
-                 "diverged": int(sum(r.meta.get("status") == "diverged" for r in runs)), "thresholds": {}}
+        entry = {
+            "runs": len(runs),
+            "timesteps": sf.timesteps,
+            "train_s": round(trained, 1),
+            "featurize_s": round(featurised, 1),
+            "final_accuracy": {
+                "min": float(np.nanmin(acc)),
+                "median": float(np.nanmedian(acc)),
+                "max": float(np.nanmax(acc)),
+            },
+            "diverged": int(sum(r.meta.get("status") == "diverged" for r in runs)),
+            "thresholds": {},
+        }
         for th in ("median", a.fixed):
             y = label_runs(acc, th)
             t0 = time.perf_counter()
             rows = compare(sf, ks, NAMES, threshold=th, repeats=repeats)
             entry["thresholds"][str(th)] = {
-                "positives": int((y == 1).sum()), "negatives": int((y == 0).sum()),
+                "positives": int((y == 1).sum()),
+                "negatives": int((y == 0).sum()),
                 "rows": [{"features": r["features"], "k": r["k"], **_score(r["scores"])} for r in rows],
-                "evaluate_s": round(time.perf_counter() - t0, 1)}
+                "evaluate_s": round(time.perf_counter() - t0, 1),
+            }
             print(f"{name} threshold={th}: {int((y == 1).sum())} sufficient of {len(y)}", flush=True)
             for r in rows:
                 s = r["scores"]
-                print(f"  {r['features']:<18} k={r['k']:<3} precision {s['precision']['mean']:.3f} "
-                      f"AUC {s['roc_auc']['mean']:.3f}", flush=True)
+                print(
+                    f"  {r['features']:<18} k={r['k']:<3} precision {s['precision']['mean']:.3f} "
+                    f"AUC {s['roc_auc']['mean']:.3f}",
+                    flush=True,
+                )
         k25 = max(1, sf.timesteps // 4)
         entry["investigation"] = {"k": k25, "threshold": "median", "rows": investigate(sf, k25, "median", repeats)}
         for r in entry["investigation"]["rows"]:
-            print(f"  [k={k25}] {r['variant']:<42} precision {r['precision']['mean']:.3f} "
-                  f"AUC {r['roc_auc']['mean']:.3f}", flush=True)
+            print(
+                f"  [k={k25}] {r['variant']:<42} precision {r['precision']['mean']:.3f} AUC {r['roc_auc']['mean']:.3f}",
+                flush=True,
+            )
         results["sweeps"][name] = entry
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -270,8 +355,12 @@ def main(argv=None):
     lines = []
     for sw, e in results["sweeps"].items():
         for th, t in e["thresholds"].items():
-            lines += [f"### {sw}, label: final accuracy >= {th} ({t['positives']} of {e['runs']} runs sufficient)", "",
-                      "| features | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+            lines += [
+                f"### {sw}, label: final accuracy >= {th} ({t['positives']} of {e['runs']} runs sufficient)",
+                "",
+                "| features | " + " | ".join(f"k={k}" for k in ks) + " |",
+                "|---|" + "---|" * len(ks),
+            ]
             for fs in NAMES:
                 cells = []
                 for k in ks:
@@ -280,12 +369,18 @@ def main(argv=None):
                 lines.append(f"| {fs} | " + " | ".join(cells) + " |")
             lines.append("")
         inv = e["investigation"]
-        lines += [f"### {sw}: DTG variants at k={inv['k']} (first 25 %), median label", "",
-                  "| variant | dims | precision [95 % CI] | AUC [95 % CI] |", "|---|---|---|---|"]
+        lines += [
+            f"### {sw}: DTG variants at k={inv['k']} (first 25 %), median label",
+            "",
+            "| variant | dims | precision [95 % CI] | AUC [95 % CI] |",
+            "|---|---|---|---|",
+        ]
         for r in inv["rows"]:
             pr, au = r["precision"], r["roc_auc"]
-            lines.append(f"| {r['variant']} | {r['dims']} | {pr['mean']:.3f} [{pr['ci_low']:.2f}, {pr['ci_high']:.2f}] "
-                         f"| {au['mean']:.3f} [{au['ci_low']:.2f}, {au['ci_high']:.2f}] |")
+            lines.append(
+                f"| {r['variant']} | {r['dims']} | {pr['mean']:.3f} [{pr['ci_low']:.2f}, {pr['ci_high']:.2f}] "
+                f"| {au['mean']:.3f} [{au['ci_low']:.2f}, {au['ci_high']:.2f}] |"
+            )
         lines.append("")
     (out / f"{stem}.md").write_text("cells: precision / AUC, mean over stratified 90/10 splits\n\n" + "\n".join(lines))
     print(f"wrote {out / stem}.json, .md, _vs_k.png")

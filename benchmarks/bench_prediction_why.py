@@ -99,7 +99,7 @@ def signed_node_statistics(runs, k: int, alpha: float) -> dict[str, np.ndarray]:
             w = torch.stack([x[layer.param] for x in ws]).double().reshape(k, out, cin, -1).sum(-1)
             for side, v, n in (("out", w.sum(2), out), ("in", w.sum(1), cin)):
                 if n >= 3:
-                    per[side].append(timestep_statistics(v))           # [k, 5]
+                    per[side].append(timestep_statistics(v))  # [k, 5]
         for side in feats:
             feats[side].append(torch.cat(per[side], 1))
     return {side: temporal_features(torch.stack(v), alpha).numpy() for side, v in feats.items()}
@@ -111,8 +111,13 @@ def _clf(scaling: str, select):
     if select != "cv":
         return PerformancePredictor(scaling=scaling, select=select)
     from sklearn.model_selection import GridSearchCV, StratifiedKFold
-    return GridSearchCV(PerformancePredictor(scaling=scaling, random_state=0), {"select": list(SELECT_GRID)},
-                        scoring="average_precision", cv=StratifiedKFold(5, shuffle=True, random_state=0))
+
+    return GridSearchCV(
+        PerformancePredictor(scaling=scaling, random_state=0),
+        {"select": list(SELECT_GRID)},
+        scoring="average_precision",
+        cv=StratifiedKFold(5, shuffle=True, random_state=0),
+    )
 
 
 def _job(args):
@@ -120,8 +125,10 @@ def _job(args):
     torch.set_num_threads(1)
     s = evaluate(_clf(scaling, select[0] if select else None), X, y, repeats=repeats)
     cm = np.asarray(s["confusion_matrix"])
-    keep = {m: {q: s[m][q] for q in ("mean", "ci_low", "ci_high")}
-            for m in ("precision", "recall", "roc_auc", "average_precision")}
+    keep = {
+        m: {q: s[m][q] for q in ("mean", "ci_low", "ci_high")}
+        for m in ("precision", "recall", "roc_auc", "average_precision")
+    }
     return label, scaling, X.shape[1], keep, s["roc"], int(cm[1].sum()), int(cm[0].sum())
 
 
@@ -155,12 +162,20 @@ def study(name: str, runs, repeats: int, pool) -> dict:
         jobs.append((f"only {p}", tab["ws"][:, i], y, "standard", repeats))
         jobs.append((f"all but {p}", np.delete(tab["ws"], i, axis=1).reshape(len(runs), -1), y, "standard", repeats))
     sections = {"layers": len(jobs)}
-    main_sets = {"dtg": base["dtg"], "dtg_per_layer": pl, "weight_stats": ws, "spectral": base["spectral"],
-                 "learning_curve": base["learning_curve"]}
+    main_sets = {
+        "dtg": base["dtg"],
+        "dtg_per_layer": pl,
+        "weight_stats": ws,
+        "spectral": base["spectral"],
+        "learning_curve": base["learning_curve"],
+    }
     sign_sets = {"weight_stats of |w|": tab["ws_abs"].reshape(len(runs), -1)}
-    node_sets = {"signed out": signed["out"], "signed out+in": np.hstack([signed["out"], signed["in"]]),
-                 "dtg_per_layer + signed out": np.hstack([pl, signed["out"]]),
-                 "dtg_per_layer + signed out+in": np.hstack([pl, signed["out"], signed["in"]])}
+    node_sets = {
+        "signed out": signed["out"],
+        "signed out+in": np.hstack([signed["out"], signed["in"]]),
+        "dtg_per_layer + signed out": np.hstack([pl, signed["out"]]),
+        "dtg_per_layer + signed out+in": np.hstack([pl, signed["out"], signed["in"]]),
+    }
     for sec, sets in (("sign", sign_sets), ("signed nodes", node_sets), ("operating point", main_sets)):
         for label, X in sets.items():
             for sc in SCALINGS:
@@ -181,9 +196,12 @@ def study(name: str, runs, repeats: int, pool) -> dict:
     jobs.append((f"{best}: mean, std", tab["ws"][:, best_i, [0, 1]], y, "standard", repeats))
     n_stat = len(jobs)
     assert [layer.param for layer in runs[0].topology.layers] == list(params)
-    for label, key in ((f"{best}: the five statistics of w", "five"), (f"{best}: the five statistics of |w|", "five_abs"),
-                       (f"{best}: the five statistics of its edge weights", "five_edges"),
-                       (f"{best}: the five statistics of its log edge weights", "five_log_edges")):
+    for label, key in (
+        (f"{best}: the five statistics of w", "five"),
+        (f"{best}: the five statistics of |w|", "five_abs"),
+        (f"{best}: the five statistics of its edge weights", "five_edges"),
+        (f"{best}: the five statistics of its log edge weights", "five_log_edges"),
+    ):
         for sc in SCALINGS:
             jobs.append((label, tab[key][:, best_i], y, sc, repeats))
     done = list(pool.map(_job, jobs))
@@ -191,15 +209,25 @@ def study(name: str, runs, repeats: int, pool) -> dict:
     rows += [_row("sign", *d[:4]) for d in done[n_stat:]]
 
     # 5: precision at the recall weight statistics reach at the 0.5 cut
-    ref = next(r for r in rows if r["section"] == "operating point" and r["features"] == "weight_stats"
-               and r["scaling"] == "standard")
+    ref = next(
+        r
+        for r in rows
+        if r["section"] == "operating point" and r["features"] == "weight_stats" and r["scaling"] == "standard"
+    )
     target = ref["recall"]["mean"]
     for r in rows:
         if r["section"] in ("operating point", "signed nodes"):
             roc, pos, neg = pooled[r["features"], r["scaling"]]
             r["precision_at_ws_recall"] = precision_at_recall(roc, pos, neg, target)
-    return {"k": k, "timesteps": sf.timesteps, "runs": len(runs), "best_layer": best,
-            "weight_stats_recall": target, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+    return {
+        "k": k,
+        "timesteps": sf.timesteps,
+        "runs": len(runs),
+        "best_layer": best,
+        "weight_stats_recall": target,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "rows": rows,
+    }
 
 
 def selection_study(name: str, runs, repeats: int, pool, nested: bool) -> dict:
@@ -209,33 +237,58 @@ def selection_study(name: str, runs, repeats: int, pool, nested: bool) -> dict:
     k = max(1, sf.timesteps // 4)
     y = label_runs(sf.accuracies, "median")
     sets = feature_sets(sf, k, ["dtg", "dtg_per_layer", "weight_stats", "spectral"])
-    plan = [("dtg", "quantile"), ("dtg_per_layer", "quantile"), ("dtg_per_layer", "standard"),
-            ("weight_stats", "standard"), ("weight_stats", "quantile"), ("spectral", "quantile")]
+    plan = [
+        ("dtg", "quantile"),
+        ("dtg_per_layer", "quantile"),
+        ("dtg_per_layer", "standard"),
+        ("weight_stats", "standard"),
+        ("weight_stats", "quantile"),
+        ("spectral", "quantile"),
+    ]
     jobs = [(fs, sets[fs], y, sc, repeats, m) for fs, sc in plan for m in SELECT_GRID]
     if nested:
-        jobs += [(fs, sets[fs], y, sc, repeats, "cv") for fs, sc in (("dtg_per_layer", "quantile"),
-                                                                      ("weight_stats", "standard"))]
+        jobs += [
+            (fs, sets[fs], y, sc, repeats, "cv")
+            for fs, sc in (("dtg_per_layer", "quantile"), ("weight_stats", "standard"))
+        ]
     t0 = time.perf_counter()
     done = list(pool.map(_job, jobs))
     rows = [{**_row("selection", *d[:4]), "select": "all" if j[5] is None else j[5]} for j, d in zip(jobs, done)]
-    return {"k": k, "timesteps": sf.timesteps, "runs": len(runs), "seconds": round(time.perf_counter() - t0, 1),
-            "rows": rows}
+    return {
+        "k": k,
+        "timesteps": sf.timesteps,
+        "runs": len(runs),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "rows": rows,
+    }
 
 
 def selection_markdown(results: dict) -> str:
-    lines = [f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits shared "
-             "by every row; mean [95 % CI]. `select`: the predictor keeps the m features with the largest "
-             "ANOVA F on the scaled training split (option beyond SPEC; `all` is SPEC). `cv`: m chosen in "
-             f"each training split among {list(SELECT_GRID)} by 5-fold cross-validated average precision "
-             "(scikit-learn `GridSearchCV`, MLP seed 0). Written by "
-             "`benchmarks/bench_prediction_why.py --part selection`.", ""]
+    lines = [
+        f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits shared "
+        "by every row; mean [95 % CI]. `select`: the predictor keeps the m features with the largest "
+        "ANOVA F on the scaled training split (option beyond SPEC; `all` is SPEC). `cv`: m chosen in "
+        f"each training split among {list(SELECT_GRID)} by 5-fold cross-validated average precision "
+        "(scikit-learn `GridSearchCV`, MLP seed 0). Written by "
+        "`benchmarks/bench_prediction_why.py --part selection`.",
+        "",
+    ]
     for name, e in results["sweeps"].items():
-        lines += [f"## {name}, k = {e['k']} of {e['timesteps']}, {e['runs']} runs", "",
-                  "| features | scaling | select | precision | recall | AUC | average precision |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {name}, k = {e['k']} of {e['timesteps']}, {e['runs']} runs",
+            "",
+            "| features | scaling | select | precision | recall | AUC | average precision |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in e["rows"]:
-            lines.append("| " + " | ".join([r["features"].replace("|", "\\|"), r["scaling"], str(r["select"])] + [
-                _cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [r["features"].replace("|", "\\|"), r["scaling"], str(r["select"])]
+                    + [_cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")]
+                )
+                + " |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -245,29 +298,41 @@ def _cell(s: dict) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits shared "
-             "by every row (same MLP seeds); mean [95 % CI]. Scaling: the predictor's feature scaling, "
-             "`standard` (SPEC) or `quantile` (option). Written by `benchmarks/bench_prediction_why.py`.", ""]
-    titles = {"layers": "Which layer: weight statistics of one layer, or of all layers but one",
-              "statistics": "Which statistic of the most informative layer",
-              "sign": "What the graph keeps: statistics of w, of \\|w\\| and of the layer's edge weights",
-              "signed nodes": "Signed node attributes beside DTG (option beyond SPEC, not in the library)",
-              "operating point": "Operating point: recall at the 0.5 cut, average precision, and precision "
-                                 "at the recall weight statistics reach"}
+    lines = [
+        f"Median label, k = 25 % of checkpoints, {results['repeats']} stratified 90/10 splits shared "
+        "by every row (same MLP seeds); mean [95 % CI]. Scaling: the predictor's feature scaling, "
+        "`standard` (SPEC) or `quantile` (option). Written by `benchmarks/bench_prediction_why.py`.",
+        "",
+    ]
+    titles = {
+        "layers": "Which layer: weight statistics of one layer, or of all layers but one",
+        "statistics": "Which statistic of the most informative layer",
+        "sign": "What the graph keeps: statistics of w, of \\|w\\| and of the layer's edge weights",
+        "signed nodes": "Signed node attributes beside DTG (option beyond SPEC, not in the library)",
+        "operating point": "Operating point: recall at the 0.5 cut, average precision, and precision "
+        "at the recall weight statistics reach",
+    }
     for name, e in results["sweeps"].items():
-        lines += [f"## {name}, k = {e['k']} of {e['timesteps']}, {e['runs']} runs "
-                  f"(most informative layer: `{e['best_layer']}`; weight statistics' recall "
-                  f"{e['weight_stats_recall']:.3f})", ""]
+        lines += [
+            f"## {name}, k = {e['k']} of {e['timesteps']}, {e['runs']} runs "
+            f"(most informative layer: `{e['best_layer']}`; weight statistics' recall "
+            f"{e['weight_stats_recall']:.3f})",
+            "",
+        ]
         for sec, title in titles.items():
             rows = [r for r in e["rows"] if r["section"] == sec]
             extra = sec in ("operating point", "signed nodes")
-            lines += [f"### {title}", "",
-                      "| features | scaling | dims | precision | recall | AUC | average precision |"
-                      + (" precision at ws recall |" if extra else ""),
-                      "|---|---|---|---|---|---|---|" + ("---|" if extra else "")]
+            lines += [
+                f"### {title}",
+                "",
+                "| features | scaling | dims | precision | recall | AUC | average precision |"
+                + (" precision at ws recall |" if extra else ""),
+                "|---|---|---|---|---|---|---|" + ("---|" if extra else ""),
+            ]
             for r in rows:
                 cells = [r["features"].replace("|", "\\|"), r["scaling"], str(r["dims"])] + [
-                    _cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")]
+                    _cell(r[m]) for m in ("precision", "recall", "roc_auc", "average_precision")
+                ]
                 if extra:
                     cells.append(f"{r['precision_at_ws_recall']:.3f}")
                 lines.append("| " + " | ".join(cells) + " |")
@@ -280,14 +345,23 @@ def main(argv=None):
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-prediction"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--repeats", type=int, default=100)
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="parallel evaluations, one CPU thread each")
+    p.add_argument(
+        "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel evaluations, one CPU thread each"
+    )
     p.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: lenet5 vgg11n)")
     p.add_argument("--quick", action="store_true", help="one seed per configuration (32 runs a sweep)")
-    p.add_argument("--part", choices=("why", "selection"), default="why",
-                   help="why: the ablations; selection: the predictor's select option")
-    p.add_argument("--nested", nargs="*", default=["lenet5"],
-                   help="with --part selection: sweeps that also get select chosen inside each split")
+    p.add_argument(
+        "--part",
+        choices=("why", "selection"),
+        default="why",
+        help="why: the ablations; selection: the predictor's select option",
+    )
+    p.add_argument(
+        "--nested",
+        nargs="*",
+        default=["lenet5"],
+        help="with --part selection: sweeps that also get select chosen inside each split",
+    )
     a = p.parse_args(argv)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats, "sweeps": {}}
     # spawn, not fork: the parent has already run torch's OpenMP threads
@@ -303,9 +377,12 @@ def main(argv=None):
             results["sweeps"][name] = e
             print(f"{name}: {len(e['rows'])} rows in {e['seconds']} s", flush=True)
             for r in e["rows"]:
-                print(f"  {r['section']:<16} {r['features']:<42} {r['scaling']:<9} {r.get('select', '')} "
-                      f"P={r['precision']['mean']:.3f} R={r['recall']['mean']:.3f} "
-                      f"AUC={r['roc_auc']['mean']:.3f} AP={r['average_precision']['mean']:.3f}", flush=True)
+                print(
+                    f"  {r['section']:<16} {r['features']:<42} {r['scaling']:<9} {r.get('select', '')} "
+                    f"P={r['precision']['mean']:.3f} R={r['recall']['mean']:.3f} "
+                    f"AUC={r['roc_auc']['mean']:.3f} AP={r['average_precision']['mean']:.3f}",
+                    flush=True,
+                )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = ("prediction_why" if a.part == "why" else "prediction_selection") + ("_quick" if a.quick else "")

@@ -88,7 +88,7 @@ def atomic_write(path: str | os.PathLike, data: Data, *, mode: int = 0o666) -> P
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         else:
-            with os.fdopen(fd, "wb") as f:   # the temporary of the atomic write
+            with os.fdopen(fd, "wb") as f:  # the temporary of the atomic write
                 f.write(data.encode("utf-8") if isinstance(data, str) else bytes(data))
                 f.flush()
                 os.fsync(f.fileno())

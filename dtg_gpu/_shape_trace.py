@@ -56,20 +56,67 @@ from .topology import (
 __all__ = ["trace_with_shapes"]
 
 # applied to the id tensor exactly as to the value
-_LAYOUT_METHODS = {"view", "reshape", "permute", "transpose", "flatten", "unflatten", "contiguous", "expand",
-                   "expand_as", "repeat", "narrow", "select", "chunk", "split", "unbind", "squeeze", "unsqueeze",
-                   "roll", "flip", "t", "movedim", "swapaxes", "view_as", "reshape_as", "__getitem__"}
-_LAYOUT_FNS = {torch.flatten, torch.reshape, torch.permute, torch.transpose, torch.cat, torch.concat, torch.stack,
-               torch.chunk, torch.split, torch.unbind, torch.squeeze, torch.unsqueeze, torch.roll, torch.flip,
-               operator.getitem, torch.narrow, torch.movedim, torch.swapaxes, torch.unflatten,
-               nn.functional.pixel_shuffle, nn.functional.pixel_unshuffle, torch.channel_shuffle,
-               nn.functional.channel_shuffle}
+_LAYOUT_METHODS = {
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "flatten",
+    "unflatten",
+    "contiguous",
+    "expand",
+    "expand_as",
+    "repeat",
+    "narrow",
+    "select",
+    "chunk",
+    "split",
+    "unbind",
+    "squeeze",
+    "unsqueeze",
+    "roll",
+    "flip",
+    "t",
+    "movedim",
+    "swapaxes",
+    "view_as",
+    "reshape_as",
+    "__getitem__",
+}
+_LAYOUT_FNS = {
+    torch.flatten,
+    torch.reshape,
+    torch.permute,
+    torch.transpose,
+    torch.cat,
+    torch.concat,
+    torch.stack,
+    torch.chunk,
+    torch.split,
+    torch.unbind,
+    torch.squeeze,
+    torch.unsqueeze,
+    torch.roll,
+    torch.flip,
+    operator.getitem,
+    torch.narrow,
+    torch.movedim,
+    torch.swapaxes,
+    torch.unflatten,
+    nn.functional.pixel_shuffle,
+    nn.functional.pixel_unshuffle,
+    torch.channel_shuffle,
+    nn.functional.channel_shuffle,
+}
+
+
 def _packed_attention_functions() -> dict:
     import inspect
+
     out = {}
     try:
         from torchvision.models import swin_transformer as swin
-    except ImportError:   # pragma: no cover - torchvision is a dependency
+    except ImportError:  # pragma: no cover - torchvision is a dependency
         return out
     for name in ("shifted_window_attention", "shifted_window_attention_v2"):
         fn = getattr(swin, name, None)
@@ -104,8 +151,10 @@ def _per_feature(ids: torch.Tensor, dim: int) -> list[np.ndarray]:
     """For each index along ``dim``: the distinct channel nodes (``>= 0``) found there."""
     cols = ids.movedim(dim, -1).reshape(-1, ids.shape[dim]).T.numpy()
     same = (cols == cols[:, :1]).all(1)
-    return [np.array([c[0]]) if ok and c[0] >= 0 else (np.empty(0, np.int64) if ok else np.unique(c[c >= 0]))
-            for c, ok in zip(cols, same)]
+    return [
+        np.array([c[0]]) if ok and c[0] >= 0 else (np.empty(0, np.int64) if ok else np.unique(c[c >= 0]))
+        for c, ok in zip(cols, same)
+    ]
 
 
 def _first_layer(model: nn.Module):
@@ -122,8 +171,14 @@ def _example_inputs(model: nn.Module, device) -> list[torch.Tensor]:
     if isinstance(first, _CONV):
         c, d = first.in_channels, first.weight.dim() - 2
         cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
-        sizes = [s for s in (getattr(model, "image_size", None), getattr(getattr(model, "patch_embed", None), "img_size", None))
-                 if s is not None]
+        sizes = [
+            s
+            for s in (
+                getattr(model, "image_size", None),
+                getattr(getattr(model, "patch_embed", None), "img_size", None),
+            )
+            if s is not None
+        ]
         shapes = []
         if isinstance(cfg, dict) and len(cfg.get("input_size", ())) == d + 1:
             shapes.append(tuple(cfg["input_size"]))
@@ -133,7 +188,8 @@ def _example_inputs(model: nn.Module, device) -> list[torch.Tensor]:
         out = [torch.zeros((1,) + s, device=device) for s in dict.fromkeys(shapes)]
     elif isinstance(first, nn.Linear):
         out = [torch.zeros(1, first.in_features, device=device)] + [
-            torch.zeros(1, t, first.in_features, device=device) for t in _TOKENS]
+            torch.zeros(1, t, first.in_features, device=device) for t in _TOKENS
+        ]
     return out
 
 
@@ -145,8 +201,8 @@ class _IdInterpreter(torch.fx.Interpreter):
         self.attr_of: dict[torch.fx.Node, str] = {}
         self.joined: set[str] = set()
         self.mixing: dict[str, str] = {}
-        self.constant: set[str] = set()          # layers applied to constants (a position-bias MLP)
-        self.live: set[torch.fx.Node] = set()    # values that depend on the model's input
+        self.constant: set[str] = set()  # layers applied to constants (a position-bias MLP)
+        self.live: set[torch.fx.Node] = set()  # values that depend on the model's input
         self.modules = dict(gm.named_modules())
 
     # -------------------------------------------------------------- helpers
@@ -165,8 +221,10 @@ class _IdInterpreter(torch.fx.Interpreter):
             if isinstance(v, torch.Tensor):
                 return i if isinstance(i, torch.Tensor) else _none(v.shape)
             if isinstance(v, (list, tuple)) and isinstance(i, (list, tuple)):
-                return type(v)(x if isinstance(x, torch.Tensor) else (_none(y.shape) if isinstance(y, torch.Tensor) else y)
-                               for x, y in zip(i, v))
+                return type(v)(
+                    x if isinstance(x, torch.Tensor) else (_none(y.shape) if isinstance(y, torch.Tensor) else y)
+                    for x, y in zip(i, v)
+                )
             return v
         if isinstance(a, (list, tuple)):
             return type(a)(self._with_ids(x) for x in a)
@@ -187,9 +245,11 @@ class _IdInterpreter(torch.fx.Interpreter):
         sizes = np.array([len(f) for f in feats])
         if (sizes > 1).any():
             if dim % ids.dim() == ids.dim() - 1 and all(np.array_equal(f, feats[0]) for f in feats):
-                return None, None   # every feature carries the same channels: token mixing
-            raise TopologyError(f"layer {layer!r}: its input features mix channels in a way dtg_gpu cannot "
-                                f"map to nodes (after {_describe(n)})")
+                return None, None  # every feature carries the same channels: token mixing
+            raise TopologyError(
+                f"layer {layer!r}: its input features mix channels in a way dtg_gpu cannot "
+                f"map to nodes (after {_describe(n)})"
+            )
         nodes = np.array([f[0] if len(f) else -1 for f in feats])
         if (nodes < 0).any():
             nodes[nodes < 0] = self.builder.alloc(int((nodes < 0).sum()), "input")
@@ -197,8 +257,10 @@ class _IdInterpreter(torch.fx.Interpreter):
             return _Val(_Cell(nodes)), None
         _, first, counts = np.unique(nodes, return_index=True, return_counts=True)
         if len(set(counts.tolist())) != 1:
-            raise TopologyError(f"layer {layer!r}: its input features repeat channels unevenly; dtg_gpu cannot "
-                                "view its weight as [out, C, S]")
+            raise TopologyError(
+                f"layer {layer!r}: its input features repeat channels unevenly; dtg_gpu cannot "
+                "view its weight as [out, C, S]"
+            )
         channels = nodes[np.sort(first)]
         perm = np.concatenate([np.flatnonzero(nodes == c) for c in channels])
         val = _Val(_Cell(channels), flat=True)
@@ -226,8 +288,11 @@ class _IdInterpreter(torch.fx.Interpreter):
         if not _has(src):
             return _none(shape)
         dims = None
-        if n.op == "call_method" and n.target in _REDUCE or (
-                n.op == "call_function" and getattr(n.target, "__name__", "") in _REDUCE):
+        if (
+            n.op == "call_method"
+            and n.target in _REDUCE
+            or (n.op == "call_function" and getattr(n.target, "__name__", "") in _REDUCE)
+        ):
             d = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
             if d is not None:
                 dims = [x % src.dim() for x in (d if isinstance(d, (list, tuple)) else (d,))]
@@ -235,31 +300,35 @@ class _IdInterpreter(torch.fx.Interpreter):
             out = src
             for d in sorted(dims, reverse=True):
                 if not bool((out == out.narrow(d, 0, 1)).all()):
-                    return _none(shape)     # a reduction over the channels: no channels left
+                    return _none(shape)  # a reduction over the channels: no channels left
                 out = out.narrow(d, 0, 1)
             return out.reshape(shape) if out.numel() == int(np.prod(shape)) else out.expand(shape)
         if src.dim() != len(shape):
-            raise TopologyError(f"{_describe(n)}: changes the rank of a value that carries channels in a way "
-                                "dtg_gpu cannot follow; its channel mapping is unknown")
+            raise TopologyError(
+                f"{_describe(n)}: changes the rank of a value that carries channels in a way "
+                "dtg_gpu cannot follow; its channel mapping is unknown"
+            )
         out = src
         for d, (a, b) in enumerate(zip(src.shape, shape)):
             if a != b:
                 if not bool((out == out.narrow(d, 0, 1)).all()):
-                    raise TopologyError(f"{_describe(n)}: resizes a dimension along which the channels vary; "
-                                        "its channel mapping is unknown")
+                    raise TopologyError(
+                        f"{_describe(n)}: resizes a dimension along which the channels vary; "
+                        "its channel mapping is unknown"
+                    )
                 out = out.narrow(d, 0, 1)
         return out.expand(shape)
 
     def _layer(self, n: torch.fx.Node, result, name: str, kind: str, module=None) -> torch.Tensor:
         x = n.args[0] if n.args else n.kwargs.get("input")
-        if x not in self.live:   # computes from constants only (Swin-V2's position-bias MLP): no channels
+        if x not in self.live:  # computes from constants only (Swin-V2's position-bias MLP): no channels
             if module is not None:
                 self.constant.update(k for k, _ in module.named_parameters(prefix=name))
             return _none(result.shape)
         ids = self._with_ids(x)
         dim = 1 if kind == "conv" else -1
         val, perm = self._input_val(n, ids, dim, name)
-        if val is None:   # a linear on the token dimension: channels pass through
+        if val is None:  # a linear on the token dimension: channels pass through
             w = module.weight if module is not None else None
             self.mixing[f"{name}.weight" if w is not None else name] = name
             return self._keep(n, ids.narrow(-1, 0, 1), result.shape)
@@ -269,6 +338,7 @@ class _IdInterpreter(torch.fx.Interpreter):
             out = self.builder.add_layer(name, module, val, kind)
         else:
             from .topology import _add_call
+
             out = _add_call(self.builder, self.module, n, val, self.state)
             if out is None:
                 return self._keep(n, ids, result.shape)
@@ -278,8 +348,19 @@ class _IdInterpreter(torch.fx.Interpreter):
         prefix = f"{name}." if name else ""
         src = f"{prefix}weight"
         cols = torch.as_tensor(perm, dtype=torch.long)
-        out = self.builder.add(name, f"{src}[columns]", "linear", tuple(mod.weight.shape), mod.in_features,
-                               mod.out_features, 1, val, (src,), (tuple(mod.weight.shape),), _Columns(cols))
+        out = self.builder.add(
+            name,
+            f"{src}[columns]",
+            "linear",
+            tuple(mod.weight.shape),
+            mod.in_features,
+            mod.out_features,
+            1,
+            val,
+            (src,),
+            (tuple(mod.weight.shape),),
+            _Columns(cols),
+        )
         return _broadcast(out.cell.ids, result.shape, -1)
 
     # ------------------------------------------------------------------ nodes
@@ -289,9 +370,10 @@ class _IdInterpreter(torch.fx.Interpreter):
             self.ids[n] = self._ids_of(n, result)
         except TopologyError:
             raise
-        except Exception as exc:   # an op our rules do not know how to apply to ids
-            raise TopologyError(f"{_describe(n)}: dtg_gpu cannot follow the channels through it "
-                                f"({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # an op our rules do not know how to apply to ids
+            raise TopologyError(
+                f"{_describe(n)}: dtg_gpu cannot follow the channels through it ({type(exc).__name__}: {exc})"
+            ) from None
         return result
 
     def _ids_of(self, n: torch.fx.Node, result):
@@ -304,12 +386,16 @@ class _IdInterpreter(torch.fx.Interpreter):
             if n.target in self.state:
                 self.attr_of[n] = n.target
             return _none(result.shape) if isinstance(result, torch.Tensor) else None
-        operands = [a for a in itertools.chain(n.args, n.kwargs.values())
-                    for a in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(a, torch.fx.Node)]
+        operands = [
+            a
+            for a in itertools.chain(n.args, n.kwargs.values())
+            for a in (a if isinstance(a, (list, tuple)) else (a,))
+            if isinstance(a, torch.fx.Node)
+        ]
         attrs = [self.attr_of[a] for a in operands if a in self.attr_of]
         if any(a in self.live for a in operands):
             self.live.add(n)
-            self.joined.update(attrs)   # a parameter meets the activations (weights of layers stay graphed)
+            self.joined.update(attrs)  # a parameter meets the activations (weights of layers stay graphed)
         elif attrs:
             self.attr_of[n] = attrs[0]  # a parameter, indexed, reshaped or computed on without any input
         target = n.target
@@ -326,8 +412,10 @@ class _IdInterpreter(torch.fx.Interpreter):
             if isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
                 return self._encoder(n, mod, result)
             if any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
-                raise TopologyError(f"module {target!r} ({type(mod).__name__}) has parameters but is neither "
-                                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown")
+                raise TopologyError(
+                    f"module {target!r} ({type(mod).__name__}) has parameters but is neither "
+                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown"
+                )
             if isinstance(mod, (nn.Flatten, nn.Unflatten, nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle)):
                 return mod(self._with_ids(n.args[0]))
             return self._generic(n, result)
@@ -346,11 +434,12 @@ class _IdInterpreter(torch.fx.Interpreter):
             v = n.args[2] if len(n.args) > 2 else n.kwargs.get("value")
             return self._keep(n, self._with_ids(v), result.shape)
         if (n.op == "call_function" and (target in _MATMUL or target is torch.einsum)) or (
-                n.op == "call_method" and target in _MATMUL_METHODS):
+            n.op == "call_method" and target in _MATMUL_METHODS
+        ):
             tensors = [self._with_ids(a) for a in operands if isinstance(self.env[a], torch.Tensor)]
             carrying = [t for t in tensors if _has(t)]
             if len(carrying) != 1:
-                return _none(result.shape)   # q·kᵀ carries no channels (the method)
+                return _none(result.shape)  # q·kᵀ carries no channels (the method)
             return self._keep(n, carrying[0], result.shape)
         if n.op == "call_function" and target in (torch.cat, torch.concat, torch.stack):
             self.joined.update(self.attr_of[a] for a in operands if a in self.attr_of)
@@ -371,20 +460,25 @@ class _IdInterpreter(torch.fx.Interpreter):
         for no channel); it is a rearrangement when both give whole numbers that decode to
         the same ids, which an op that computes with the values (a mean over channels, a
         norm) fails."""
-        tensors = [a for a in itertools.chain(n.args, n.kwargs.values())
-                   if isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), torch.Tensor)]
+        tensors = [
+            a
+            for a in itertools.chain(n.args, n.kwargs.values())
+            if isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), torch.Tensor)
+        ]
         if len(tensors) != 1 or n.op == "call_module" and any(True for _ in self.modules[n.target].parameters()):
             return None
         u = torch.unique(src[src >= 0])
         g = torch.Generator().manual_seed(len(u))
-        relabel = torch.randperm(len(u) + 7, generator=g)[:len(u)].double() + 1
+        relabel = torch.randperm(len(u) + 7, generator=g)[: len(u)].double() + 1
         lookup = torch.zeros(int(u.max()) + 2 if len(u) else 1, dtype=torch.double)
         lookup[u + 1] = relabel
         enc = [(src + 1).double(), lookup[src + 1]]
         outs = []
-        for e in enc:   # on the CPU, whatever device the model is on (one tensor argument, no weights)
+        for e in enc:  # on the CPU, whatever device the model is on (one tensor argument, no weights)
+
             def swap(a, e=e):
                 return e if a is tensors[0] else self.env[a]
+
             args = torch.fx.node.map_aggregate(n.args, lambda a: swap(a) if isinstance(a, torch.fx.Node) else a)
             kwargs = torch.fx.node.map_aggregate(n.kwargs, lambda a: swap(a) if isinstance(a, torch.fx.Node) else a)
             try:
@@ -411,18 +505,30 @@ class _IdInterpreter(torch.fx.Interpreter):
         return decoded
 
     def _generic(self, n: torch.fx.Node, result):
-        src = next((self._with_ids(a) for a in itertools.chain(n.args, n.kwargs.values())
-                    if isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), torch.Tensor)), None)
-        if isinstance(result, torch.Tensor) and isinstance(src, torch.Tensor) and _has(src) \
-                and tuple(result.shape) != tuple(src.shape):
+        src = next(
+            (
+                self._with_ids(a)
+                for a in itertools.chain(n.args, n.kwargs.values())
+                if isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), torch.Tensor)
+            ),
+            None,
+        )
+        if (
+            isinstance(result, torch.Tensor)
+            and isinstance(src, torch.Tensor)
+            and _has(src)
+            and tuple(result.shape) != tuple(src.shape)
+        ):
             moved = self._rearranged(n, src, result)
             if moved is not None:
                 return moved
         if isinstance(result, torch.Tensor):
             return self._keep(n, src, result.shape) if isinstance(src, torch.Tensor) else _none(result.shape)
         if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
-            return tuple(self._keep(n, src, r.shape) if isinstance(r, torch.Tensor) and isinstance(src, torch.Tensor)
-                         else None for r in result)
+            return tuple(
+                self._keep(n, src, r.shape) if isinstance(r, torch.Tensor) and isinstance(src, torch.Tensor) else None
+                for r in result
+            )
         return None
 
     def _attention(self, n: torch.fx.Node, mod: nn.MultiheadAttention, result):
@@ -455,13 +561,28 @@ class _IdInterpreter(torch.fx.Interpreter):
         w_qkv, w_proj = self.state[qkv], self.state[proj]
         d = w_qkv.shape[1]
         from .topology import _Rows
-        base = qkv[:-len(".weight")] if qkv.endswith(".weight") else qkv
-        blocks = [self.builder.add(f"{base}.{part}", f"{qkv}[{part}]", "linear", (d, d), d, d, 1, val, (qkv,),
-                                   (tuple(w_qkv.shape),), _Rows(j * d, (j + 1) * d))
-                  for j, part in enumerate("qkv")]
-        pname = proj[:-len(".weight")] if proj.endswith(".weight") else proj
-        out = self.builder.add(pname, proj, "linear", tuple(w_proj.shape), w_proj.shape[1], w_proj.shape[0], 1,
-                               _Val(blocks[2].cell))
+
+        base = qkv[: -len(".weight")] if qkv.endswith(".weight") else qkv
+        blocks = [
+            self.builder.add(
+                f"{base}.{part}",
+                f"{qkv}[{part}]",
+                "linear",
+                (d, d),
+                d,
+                d,
+                1,
+                val,
+                (qkv,),
+                (tuple(w_qkv.shape),),
+                _Rows(j * d, (j + 1) * d),
+            )
+            for j, part in enumerate("qkv")
+        ]
+        pname = proj[: -len(".weight")] if proj.endswith(".weight") else proj
+        out = self.builder.add(
+            pname, proj, "linear", tuple(w_proj.shape), w_proj.shape[1], w_proj.shape[0], 1, _Val(blocks[2].cell)
+        )
         return _broadcast(out.cell.ids, result.shape, -1)
 
     def _encoder(self, n: torch.fx.Node, mod: nn.Module, result):
@@ -473,7 +594,11 @@ class _IdInterpreter(torch.fx.Interpreter):
             raise TopologyError(f"{type(mod).__name__} {n.target!r}: its input does not carry one channel per feature")
         prefix = f"{n.target}." if n.target else ""
         layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
-        names = [f"{prefix}layers.{i}" for i in range(len(layers))] if isinstance(mod, nn.TransformerEncoder) else [n.target]
+        names = (
+            [f"{prefix}layers.{i}" for i in range(len(layers))]
+            if isinstance(mod, nn.TransformerEncoder)
+            else [n.target]
+        )
         for layer, lname in zip(layers, names):
             p = f"{lname}." if lname else ""
             attn = _attention_of(self.builder, f"{p}self_attn", layer.self_attn, x, x, x)
@@ -521,21 +646,39 @@ def trace_with_shapes(model: nn.Module) -> ChannelTopology:
                     interp.run(x)
                 except TopologyError:
                     raise
-                except Exception as exc:   # the wrong input size for this model: try the next
+                except Exception as exc:  # the wrong input size for this model: try the next
                     last = exc
                     continue
                 coverage = _coverage(model, builder.layers, interp.joined)
                 if interp.constant:
-                    coverage = tuple((name, shape, "embedding", "computes a position bias from constants (it "
-                                      "depends on no input): not a channel map") if name in interp.constant
-                                     else (name, shape, role, why) for name, shape, role, why in coverage)
+                    coverage = tuple(
+                        (
+                            name,
+                            shape,
+                            "embedding",
+                            "computes a position bias from constants (it depends on no input): not a channel map",
+                        )
+                        if name in interp.constant
+                        else (name, shape, role, why)
+                        for name, shape, role, why in coverage
+                    )
                 if interp.mixing:
-                    coverage = tuple((name, shape, "token-mixing", "a linear on the token dimension (token "
-                                      "mixing): not a channel map") if name in interp.mixing else (name, shape, role, why)
-                                     for name, shape, role, why in coverage)
+                    coverage = tuple(
+                        (
+                            name,
+                            shape,
+                            "token-mixing",
+                            "a linear on the token dimension (token mixing): not a channel map",
+                        )
+                        if name in interp.mixing
+                        else (name, shape, role, why)
+                        for name, shape, role, why in coverage
+                    )
                 return builder.finish(traced=True, coverage=coverage)
     finally:
         for m, mode in modes.items():
             m.training = mode
-    raise TopologyError(f"{type(model).__name__}: no example input runs the model to follow its channels "
-                        f"({type(last).__name__ if last else 'no input'}: {last})")
+    raise TopologyError(
+        f"{type(model).__name__}: no example input runs the model to follow its channels "
+        f"({type(last).__name__ if last else 'no input'}: {last})"
+    )

@@ -65,8 +65,7 @@ class AnalysisResult:
         if not -len(self) <= t < len(self):
             raise IndexError(f"timestep {t} out of range for a run of {len(self)} checkpoints")
         t = t % len(self)
-        blocks, _ = load_blocks(self.topology, [self.run.weights(t)], torch.device("cpu"),
-                                self.centrality.dtype)
+        blocks, _ = load_blocks(self.topology, [self.run.weights(t)], torch.device("cpu"), self.centrality.dtype)
         return blocks
 
     def graph(self, t: int):
@@ -98,16 +97,26 @@ class AnalysisResult:
             data[s] = self.stats[:, i].tolist()
         for i, s in enumerate(STATISTICS):
             data[f"{s}_smoothed"] = smoothed[:, i].tolist()
-        data.update(eigenvalue=self.eigenvalue.tolist(), residual=self.residual.tolist(),
-                    iterations=self.iterations.tolist(), converged=self.converged.tolist(),
-                    finite=self.finite.tolist(), connected=self.connected.tolist())
+        data.update(
+            eigenvalue=self.eigenvalue.tolist(),
+            residual=self.residual.tolist(),
+            iterations=self.iterations.tolist(),
+            converged=self.converged.tolist(),
+            finite=self.finite.tolist(),
+            connected=self.connected.tolist(),
+        )
         return pd.DataFrame(data)
 
     def to_dict(self) -> dict:
         """Plain-Python summary (JSON-serialisable): per-timestep table and settings."""
-        return {"run": self.run.name, "num_nodes": self.topology.num_nodes,
-                "num_layers": len(self.topology.layers), "alpha": self.alpha,
-                "settings": self.settings, "timesteps": self.table().to_dict(orient="records")}
+        return {
+            "run": self.run.name,
+            "num_nodes": self.topology.num_nodes,
+            "num_layers": len(self.topology.layers),
+            "alpha": self.alpha,
+            "settings": self.settings,
+            "timesteps": self.table().to_dict(orient="records"),
+        }
 
 
 def _check_common(tol, max_iter, method) -> None:
@@ -119,9 +128,16 @@ def _check_common(tol, max_iter, method) -> None:
         raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
 
 
-def analyze(run: Run, alpha: float = 0.5, device: str | torch.device | None = None,
-            dtype: torch.dtype = torch.float32, tol: float = 1e-6, max_iter: int = 1000,
-            method: Method = "auto", chunk_size: int | None = None) -> AnalysisResult:
+def analyze(
+    run: Run,
+    alpha: float = 0.5,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    chunk_size: int | None = None,
+) -> AnalysisResult:
     r"""Centrality, statistics and temporal features of every checkpoint of one run.
 
     Parameters
@@ -173,27 +189,60 @@ def analyze(run: Run, alpha: float = 0.5, device: str | torch.device | None = No
     _check_common(tol, max_iter, method)
     dev = resolve_device(device)
     topo = run.topology
-    out = solve_timesteps([(run, t) for t in range(len(run))], topo, device=dev, dtype=dtype,
-                          tol=tol, max_iter=max_iter, method=method, chunk_size=chunk_size)
+    out = solve_timesteps(
+        [(run, t) for t in range(len(run))],
+        topo,
+        device=dev,
+        dtype=dtype,
+        tol=tol,
+        max_iter=max_iter,
+        method=method,
+        chunk_size=chunk_size,
+    )
     first = next((e for e in out.error if e is not None), None)
     if first is not None:
         raise CheckpointError(first)
     stats = timestep_statistics(out.centrality)
     return AnalysisResult(
-        run=run, topology=topo, centrality=out.centrality, eigenvalue=out.eigenvalue,
-        residual=out.residual, iterations=out.iterations, converged=out.converged,
-        finite=out.finite, connected=out.connected, stats=stats,
-        features=temporal_features(stats, alpha), alpha=alpha,
-        settings=dict(tol=tol, effective_tol=(tol if method == "networkx" else attainable_tol(tol, dtype)),
-                      max_iter=max_iter, method=method, dtype=str(dtype), device=str(dev)))
+        run=run,
+        topology=topo,
+        centrality=out.centrality,
+        eigenvalue=out.eigenvalue,
+        residual=out.residual,
+        iterations=out.iterations,
+        converged=out.converged,
+        finite=out.finite,
+        connected=out.connected,
+        stats=stats,
+        features=temporal_features(stats, alpha),
+        alpha=alpha,
+        settings=dict(
+            tol=tol,
+            effective_tol=(tol if method == "networkx" else attainable_tol(tol, dtype)),
+            max_iter=max_iter,
+            method=method,
+            dtype=str(dtype),
+            device=str(dev),
+        ),
+    )
 
 
-def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 0.5,
-              device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
-              tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
-              chunk_size: int | None = None, progress: bool = False,
-              return_stats: bool = False, eigenvalue: bool = False, per_layer: bool = False,
-              strict: bool = False):
+def featurize(
+    runs: Sequence[Run],
+    timesteps: int | None = None,
+    alpha: float = 0.5,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    chunk_size: int | None = None,
+    progress: bool = False,
+    return_stats: bool = False,
+    eigenvalue: bool = False,
+    per_layer: bool = False,
+    strict: bool = False,
+):
     r"""Temporal features of many runs: ``[len(runs), 5·k]``.
 
     Runs that share an architecture are solved together, ``runs·k`` graphs per batch
@@ -245,9 +294,20 @@ def featurize(runs: Sequence[Run], timesteps: int | None = None, alpha: float = 
         With ``strict=True``, a run that cannot be read.
     """
     feats, stats, failures = featurize_with_failures(
-        runs, timesteps=timesteps, alpha=alpha, device=device, dtype=dtype, tol=tol,
-        max_iter=max_iter, method=method, chunk_size=chunk_size, progress=progress,
-        eigenvalue=eigenvalue, per_layer=per_layer, strict=strict)
+        runs,
+        timesteps=timesteps,
+        alpha=alpha,
+        device=device,
+        dtype=dtype,
+        tol=tol,
+        max_iter=max_iter,
+        method=method,
+        chunk_size=chunk_size,
+        progress=progress,
+        eigenvalue=eigenvalue,
+        per_layer=per_layer,
+        strict=strict,
+    )
     warn_failures(failures, stacklevel=3)
     return (feats, stats) if return_stats else feats
 
@@ -257,18 +317,34 @@ def warn_failures(failures: dict[str, str], stacklevel: int = 2) -> None:
     if failures:
         lines = "; ".join(f"{name}: {why}" for name, why in list(failures.items())[:8])
         more = f" (and {len(failures) - 8} more)" if len(failures) > 8 else ""
-        warnings.warn(FailedRunsWarning(
-            f"{len(failures)} run(s) could not be read or solved and were left out (NaN rows): "
-            f"{lines}{more}", failures), stacklevel=stacklevel + 1)
+        warnings.warn(
+            FailedRunsWarning(
+                f"{len(failures)} run(s) could not be read or solved and were left out (NaN rows): {lines}{more}",
+                failures,
+            ),
+            stacklevel=stacklevel + 1,
+        )
 
 
-def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None,
-                            alpha: float = 0.5, device=None, dtype: torch.dtype = torch.float32,
-                            tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
-                            chunk_size: int | None = None, progress: bool = False,
-                            eigenvalue: bool = False, per_layer: bool = False,
-                            strict: bool = False, executor: str = "local", address: str | None = None,
-                            cache: Any = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
+def featurize_with_failures(
+    runs: Sequence[Run],
+    *,
+    timesteps: int | None = None,
+    alpha: float = 0.5,
+    device=None,
+    dtype: torch.dtype = torch.float32,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    chunk_size: int | None = None,
+    progress: bool = False,
+    eigenvalue: bool = False,
+    per_layer: bool = False,
+    strict: bool = False,
+    executor: str = "local",
+    address: str | None = None,
+    cache: Any = False,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
     """:func:`featurize`'s work: ``(features, statistics, failures)`` where ``failures`` maps
     the name of each run that could not be read or traced to the reason (its row is NaN).
 
@@ -285,15 +361,19 @@ def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"timesteps must be a positive integer, got {timesteps!r}")
     if timesteps is None and len(max(runs, key=len)) != k:
-        warnings.warn(f"runs have {k} to {len(max(runs, key=len))} checkpoints; using the first {k} of "
-                      f"each (run {shortest.name!r} is the shortest): pass timesteps= to choose",
-                      DTGWarning, stacklevel=3)
+        warnings.warn(
+            f"runs have {k} to {len(max(runs, key=len))} checkpoints; using the first {k} of "
+            f"each (run {shortest.name!r} is the shortest): pass timesteps= to choose",
+            DTGWarning,
+            stacklevel=3,
+        )
     short = [r for r in runs if len(r) < k]
     if short:
         raise InsufficientCheckpointsError(
             f"timesteps={k} but run {short[0].name!r} has only {len(short[0])} checkpoints"
-            + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else ""))
-    if executor == "ray":   # each task resolves it on its node
+            + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else "")
+        )
+    if executor == "ray":  # each task resolves it on its node
         dev = None if device is None else parse_device(device)
     else:
         dev = resolve_device(device)
@@ -314,14 +394,32 @@ def featurize_with_failures(runs: Sequence[Run], *, timesteps: int | None = None
         topos[id(topo)] = topo
     widths = {len(layer_node_groups(t)) for t in topos.values()} if per_layer else set()
     if len(widths) > 1:
-        raise ValueError(f"per_layer=True needs runs with the same number of layers of >= 3 nodes; got {sorted(widths)}")
-    settings = SolveSettings(k=k, dtype=_check_dtype(dtype), tol=tol, max_iter=max_iter, method=method,
-                             per_layer=per_layer, eigenvalue=eigenvalue)
+        raise ValueError(
+            f"per_layer=True needs runs with the same number of layers of >= 3 nodes; got {sorted(widths)}"
+        )
+    settings = SolveSettings(
+        k=k,
+        dtype=_check_dtype(dtype),
+        tol=tol,
+        max_iter=max_iter,
+        method=method,
+        per_layer=per_layer,
+        eigenvalue=eigenvalue,
+    )
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    stats, why = featurize_runs(runs, [(topos[key], idx) for key, idx in groups.items()], settings, dev,
-                                chunk_size=chunk_size, cache=cache, executor=executor, address=address,
-                                progress=progress, strict=strict)
+    stats, why = featurize_runs(
+        runs,
+        [(topos[key], idx) for key, idx in groups.items()],
+        settings,
+        dev,
+        chunk_size=chunk_size,
+        cache=cache,
+        executor=executor,
+        address=address,
+        progress=progress,
+        strict=strict,
+    )
     for i in sorted(why):
         failures[_unique_name(runs[i], i, failures)] = why[i]
         failed_rows.append(i)

@@ -24,8 +24,15 @@ import torch
 from .checkpoints import Run
 from .exceptions import InsufficientCheckpointsError
 
-__all__ = ["weight_statistics", "tensor_statistics", "spectral_alpha", "powerlaw_alpha", "powerlaw_fit", "layer_eigenvalues",
-           "learning_curve"]
+__all__ = [
+    "weight_statistics",
+    "tensor_statistics",
+    "spectral_alpha",
+    "powerlaw_alpha",
+    "powerlaw_fit",
+    "layer_eigenvalues",
+    "learning_curve",
+]
 
 
 def _check(runs: Sequence[Run], k: int) -> None:
@@ -42,7 +49,7 @@ def tensor_statistics(x: torch.Tensor) -> list[float]:
     x = x.detach().double().reshape(-1)
     if not torch.isfinite(x).all():
         return [float("nan")] * 7
-    return [float(x.mean()), float(x.std(unbiased=False))] + np.quantile(x.numpy(), [0, .25, .5, .75, 1]).tolist()
+    return [float(x.mean()), float(x.std(unbiased=False))] + np.quantile(x.numpy(), [0, 0.25, 0.5, 0.75, 1]).tolist()
 
 
 def weight_statistics(runs: Sequence[Run], timesteps: int) -> np.ndarray:
@@ -107,7 +114,7 @@ def powerlaw_fit(eigenvalues: np.ndarray, min_tail: int = 5) -> tuple[float, flo
     if n < 2 or x[0] == x[-1]:
         return nan
     logs = np.log(x)
-    tail_sum = np.cumsum(logs[::-1])[::-1]            # sum_{j >= i} log x_j
+    tail_sum = np.cumsum(logs[::-1])[::-1]  # sum_{j >= i} log x_j
     last = max(1, n - min_tail + 1)
     best, best_d = nan, np.inf
     for i in range(last):
@@ -132,8 +139,12 @@ def spectral_alpha(runs: Sequence[Run], timesteps: int) -> np.ndarray:
     rows = []
     for run in runs:
         w = run.weights(timesteps - 1)
-        rows.append([powerlaw_alpha(layer_eigenvalues(w[p]).numpy()) if torch.isfinite(w[p]).all()
-                     else float("nan") for p in run.topology.params])
+        rows.append(
+            [
+                powerlaw_alpha(layer_eigenvalues(w[p]).numpy()) if torch.isfinite(w[p]).all() else float("nan")
+                for p in run.topology.params
+            ]
+        )
     return np.asarray(rows, dtype=float)
 
 
@@ -147,4 +158,3 @@ def learning_curve(runs: Sequence[Run], timesteps: int) -> np.ndarray:
             raise ValueError(f"run {run.name!r} records no validation accuracy per checkpoint")
         out.append([float(c["val_accuracy"]) for c in cps[:timesteps]])
     return np.asarray(out, dtype=float)
-

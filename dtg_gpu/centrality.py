@@ -144,10 +144,11 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
             b = torch.linalg.vector_norm(w, dim=-1)
             beta[:, j] = b
             scale = torch.maximum(scale, torch.maximum(a.abs(), b))
-            broke = ~(b > 64 * eps * scale)   # NaN counts as a breakdown
+            broke = ~(b > 64 * eps * scale)  # NaN counts as a breakdown
             if j + 1 < m:
-                basis[:, j + 1] = torch.where(broke[:, None], torch.zeros_like(w),
-                                              w / torch.where(broke, torch.ones_like(b), b)[:, None])
+                basis[:, j + 1] = torch.where(
+                    broke[:, None], torch.zeros_like(w), w / torch.where(broke, torch.ones_like(b), b)[:, None]
+                )
             if j + 1 < m and (j + 1) % check_every == 0:
                 theta, s, ok = _ritz(alpha[:, : j + 1], beta[:, : j + 1])
                 est = (b * s[:, -1]).abs() / theta.abs().clamp_min(torch.finfo(dtype).tiny)
@@ -184,11 +185,11 @@ def _lanczos_bipartite(square, tol, max_iter, ncv) -> EigenResult:
     """
     g_count = square.num_graphs
     mask = torch.ones(g_count, square.num_nodes, dtype=torch.bool, device=square.device)
-    res = _lanczos(square, mask, tol * 2 ** 0.5, max_iter - 1, ncv)
+    res = _lanczos(square, mask, tol * 2**0.5, max_iter - 1, ncv)
     mu = res.eigenvalue.clamp_min(0)
     lam = mu.sqrt()
     x = square.lift(res.vector, lam)  # solve_perron fixes the sign of the lifted vector
-    residual = res.residual / 2 ** 0.5
+    residual = res.residual / 2**0.5
     return EigenResult(x, lam, residual, res.iterations + 1, res.converged)
 
 
@@ -239,8 +240,11 @@ def _ritz(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.
     z = z.squeeze(-1)
     ok &= torch.isfinite(z).all(1)
     nan = torch.full_like(theta, float("nan"))
-    return (torch.where(ok, theta, nan).to(alpha.dtype),
-            torch.where(ok[:, None], z, torch.zeros_like(z)).to(alpha.dtype), ok)
+    return (
+        torch.where(ok, theta, nan).to(alpha.dtype),
+        torch.where(ok[:, None], z, torch.zeros_like(z)).to(alpha.dtype),
+        ok,
+    )
 
 
 def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
@@ -292,9 +296,16 @@ def attainable_tol(tol: float, dtype: torch.dtype) -> float:
     return max(float(tol), TOL_FLOOR_EPS * torch.finfo(dtype).eps)
 
 
-def solve_perron(matvec: Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor, *,
-                 tol: float = 1e-6, max_iter: int = 1000, method: Method = "auto",
-                 ncv: int = 32, bipartite: bool | None = None) -> EigenResult:
+def solve_perron(
+    matvec: Callable[[torch.Tensor], torch.Tensor],
+    mask: torch.Tensor,
+    *,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    ncv: int = 32,
+    bipartite: bool | None = None,
+) -> EigenResult:
     r"""Perron vectors of ``G`` symmetric non-negative operators applied together.
 
     Parameters
@@ -335,8 +346,10 @@ def solve_perron(matvec: Callable[[torch.Tensor], torch.Tensor], mask: torch.Ten
         square = getattr(matvec, "bipartite_square", None) if bipartite is not False else None
         square = square() if square is not None and int(max_iter) >= 2 and bool(mask.all()) else None
         if bipartite and square is None:
-            raise ValueError("bipartite=True needs an operator with a bipartite topology "
-                             "(BlockOperator.bipartite_square), all nodes unmasked and max_iter >= 2")
+            raise ValueError(
+                "bipartite=True needs an operator with a bipartite topology "
+                "(BlockOperator.bipartite_square), all nodes unmasked and max_iter >= 2"
+            )
         if square is not None:
             res = _lanczos_bipartite(square, attainable_tol(tol, matvec.dtype), int(max_iter), int(ncv))
         else:
@@ -366,11 +379,18 @@ class _SparseBatchOperator:
         return (self.matrix @ x.reshape(-1, 1)).reshape(x.shape)
 
 
-def eigenvector_centrality(edge_index: torch.Tensor, edge_weight: torch.Tensor | None = None,
-                           num_nodes: int | None = None, batch: torch.Tensor | None = None, *,
-                           num_graphs: int | None = None, tol: float = 1e-6,
-                           max_iter: int = 1000, method: Method = "auto",
-                           dtype: torch.dtype | None = None) -> tuple[torch.Tensor, EigenResult]:
+def eigenvector_centrality(
+    edge_index: torch.Tensor,
+    edge_weight: torch.Tensor | None = None,
+    num_nodes: int | None = None,
+    batch: torch.Tensor | None = None,
+    *,
+    num_graphs: int | None = None,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, EigenResult]:
     r"""Eigenvector centrality of one graph or a batch of PyG graphs (general sparse kernel).
 
     .. math::
@@ -443,12 +463,14 @@ def eigenvector_centrality(edge_index: torch.Tensor, edge_weight: torch.Tensor |
         raise ValueError("edge_weight must be finite and non-negative")
     wide = torch.promote_types(edge_weight.dtype, dtype)
     ei, ew = coalesce(edge_index.long(), edge_weight.to(wide), num_nodes=num_nodes, reduce="sum")
-    if not bool(torch.isfinite(ew).all()):   # parallel entries summed past float32's range
+    if not bool(torch.isfinite(ew).all()):  # parallel entries summed past float32's range
         ei, ew = coalesce(edge_index.long(), edge_weight.double(), num_nodes=num_nodes, reduce="sum")
     et, wt = coalesce(ei.flip(0), ew, num_nodes=num_nodes, reduce="sum")
     if not (torch.equal(ei, et) and torch.allclose(ew, wt, rtol=1e-5, atol=0.0)):
-        raise ValueError("the adjacency is not symmetric: list both directions of every "
-                         "undirected edge (torch_geometric.utils.to_undirected)")
+        raise ValueError(
+            "the adjacency is not symmetric: list both directions of every "
+            "undirected edge (torch_geometric.utils.to_undirected)"
+        )
     if batch is None:
         batch = torch.zeros(num_nodes, dtype=torch.long, device=device)
         num_graphs = 1

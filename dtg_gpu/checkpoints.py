@@ -31,14 +31,21 @@ from ._files import confined_path
 from .exceptions import CheckpointError, UnsafeCheckpointError
 from .topology import ChannelTopology, channel_topology
 
-__all__ = ["Run", "unwrap_model", "load_state_dict", "load_weights", "checkpoint_shapes", "read_manifest",
-           "CHECKPOINT_SUFFIXES"]
+__all__ = [
+    "Run",
+    "unwrap_model",
+    "load_state_dict",
+    "load_weights",
+    "checkpoint_shapes",
+    "read_manifest",
+    "CHECKPOINT_SUFFIXES",
+]
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin")
 Checkpoint = Union[Mapping[str, torch.Tensor], str, os.PathLike]
 
 
-MAX_MANIFEST_BYTES = 64 << 20   # run.json / sweep.json larger than this are refused unread
+MAX_MANIFEST_BYTES = 64 << 20  # run.json / sweep.json larger than this are refused unread
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
 
 
@@ -62,9 +69,9 @@ def _harmless_globals() -> list:
 
 def _first_line(text: str) -> str:
 
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))   # torch colours its hints
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))  # torch colours its hints
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:   # the line that names the refused global, when there is one
+    for ln in lines:  # the line that names the refused global, when there is one
         if "Unsupported global" in ln or "GLOBAL" in ln:
             return ln
     return lines[0] if lines else ""
@@ -77,7 +84,6 @@ def _read_pickled_state(path: Path) -> Any:
         with ts.safe_globals(_harmless_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-
         line = _first_line(exc)
         named = re.search(r"GLOBAL (\S+)", line)
         refs = _pickle_globals(path) or []
@@ -87,11 +93,13 @@ def _read_pickled_state(path: Path) -> Any:
             hint = " (a whole pickled model? save model.state_dict() instead)" if whole else ""
             raise UnsafeCheckpointError(
                 f"{path}: refused to load: unpickling it would run code or build objects other "
-                f"than tensors{hint}: {what}") from None
+                f"than tensors{hint}: {what}"
+            ) from None
         raise CheckpointError(f"{path}: not a torch checkpoint (corrupt, or another format)") from None
-    except Exception as exc:   # torch.load on a malformed file raises anything (struct.error, AssertionError, ...)
-        raise CheckpointError(f"{path}: not a readable torch checkpoint "
-                              f"(truncated or corrupt?): {_first_line(exc) or type(exc).__name__}") from None
+    except Exception as exc:  # torch.load on a malformed file raises anything (struct.error, AssertionError, ...)
+        raise CheckpointError(
+            f"{path}: not a readable torch checkpoint (truncated or corrupt?): {_first_line(exc) or type(exc).__name__}"
+        ) from None
 
 
 _CODE_OPS = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
@@ -124,13 +132,16 @@ def _pickle_globals(path: Path, limit: int = 64 << 20) -> list[str] | None:
                 refs.append(f"{strings[-2]}.{strings[-1]}")
             code |= op.name in _CODE_OPS
         return (refs or ["objects it would build"]) if code else None
-    except Exception:   # not a pickle we can parse: the caller reports a corrupt file
+    except Exception:  # not a pickle we can parse: the caller reports a corrupt file
         return None
 
 
 def _is_state(obj: Any) -> bool:
-    return isinstance(obj, Mapping) and len(obj) > 0 and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    return (
+        isinstance(obj, Mapping)
+        and len(obj) > 0
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    )
 
 
 def _tensors_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
@@ -144,8 +155,10 @@ def _tensors_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
         tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
         if tensors:
             return tensors
-    raise CheckpointError(f"{path}: does not hold a state dict (a mapping of names to tensors, "
-                          f"at the top level or under {', '.join(map(repr, STATE_DICT_KEYS))})")
+    raise CheckpointError(
+        f"{path}: does not hold a state dict (a mapping of names to tensors, "
+        f"at the top level or under {', '.join(map(repr, STATE_DICT_KEYS))})"
+    )
 
 
 def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
@@ -171,7 +184,7 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
         names the refused global).
     """
     path = Path(path)
-    if path.is_dir():   # a Hugging Face Trainer checkpoint-N folder
+    if path.is_dir():  # a Hugging Face Trainer checkpoint-N folder
         weights = _hf_weights(path)
         if weights is None:
             raise CheckpointError(f"{path}: a folder without {' or '.join(HF_WEIGHTS)}")
@@ -189,12 +202,14 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
                 present = set(f.keys())
                 names = list(present) if keys is None else [k for k in keys if k in present]
                 return {k: f.get_tensor(k) for k in names}
-        except Exception as exc:   # SafetensorError, OSError, ... on a malformed file
-            raise CheckpointError(f"{path}: not a readable safetensors file "
-                                  f"(truncated or corrupt?): {_first_line(exc)}") from None
+        except Exception as exc:  # SafetensorError, OSError, ... on a malformed file
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(exc)}"
+            ) from None
     if suffix not in CHECKPOINT_SUFFIXES:
-        raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r} "
-                              f"(expected one of {', '.join(CHECKPOINT_SUFFIXES)})")
+        raise CheckpointError(
+            f"{path}: unknown checkpoint format {suffix!r} (expected one of {', '.join(CHECKPOINT_SUFFIXES)})"
+        )
     return _tensors_of(_read_pickled_state(path), path)
 
 
@@ -223,7 +238,7 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     path = Path(path)
     if path.is_dir() and _hf_weights(path) is not None:
         path = _hf_weights(path)
-    if path.name.endswith(".index.json"):   # every shard's header
+    if path.name.endswith(".index.json"):  # every shard's header
         meta = read_manifest(path)
         wmap = meta.get("weight_map") if isinstance(meta, dict) else None
         if not isinstance(wmap, dict):
@@ -238,9 +253,10 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
         try:
             with safe_open(str(path), framework="pt") as f:
                 return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        except Exception as exc:   # SafetensorError, OSError, ... on a malformed file
-            raise CheckpointError(f"{path}: not a readable safetensors file "
-                                  f"(truncated or corrupt?): {_first_line(exc)}") from None
+        except Exception as exc:  # SafetensorError, OSError, ... on a malformed file
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(exc)}"
+            ) from None
     return {k: tuple(v.shape) for k, v in load_state_dict(path).items()}
 
 
@@ -252,8 +268,13 @@ def _key(state: Mapping[str, Any], pre: str, p: str, aliases: Mapping[str, Seque
     return next((pre + a for a in aliases.get(p, ()) if pre + a in state), None)
 
 
-def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | None,
-                 label: str, aliases: Mapping[str, Sequence[str]] = {}) -> str:
+def _with_prefix(
+    state: Mapping[str, Any],
+    params: Sequence[str],
+    prefix: str | None,
+    label: str,
+    aliases: Mapping[str, Sequence[str]] = {},
+) -> str:
     """The one key prefix under which ``state`` holds every parameter of ``params``.
 
     ``""`` when the keys match exactly; otherwise the prefix (``model.``, ``module.``,
@@ -263,8 +284,7 @@ def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | 
     if prefix is not None:
         missing = [p for p in params if _key(state, prefix, p, aliases) is None]
         if missing:
-            raise CheckpointError(f"{label}: parameter {prefix + missing[0]!r} is missing "
-                                  f"(prefix={prefix!r})")
+            raise CheckpointError(f"{label}: parameter {prefix + missing[0]!r} is missing (prefix={prefix!r})")
         return prefix
     if all(_key(state, "", p, aliases) is not None for p in params):
         return ""
@@ -278,15 +298,22 @@ def _with_prefix(state: Mapping[str, Any], params: Sequence[str], prefix: str | 
         raise CheckpointError(
             f"{label}: the model's weights are there under several prefixes "
             f"({', '.join(repr(c) for c in full)}), e.g. an EMA copy beside the model; "
-            f"choose one with Run(..., prefix=...) (or --prefix)")
+            f"choose one with Run(..., prefix=...) (or --prefix)"
+        )
     missing = next(p for p in params if _key(state, "", p, aliases) is None)
     hint = f" (found it under {cands[0]!r} but not the other weights)" if cands else ""
     raise CheckpointError(f"{label}: parameter {missing!r} is missing{hint}")
 
 
-def load_weights(checkpoint: Checkpoint, params: Sequence[str], shapes: Mapping[str, tuple],
-                 *, label: str, prefix: str | None = None,
-                 aliases: Mapping[str, Sequence[str]] | None = None) -> dict[str, torch.Tensor]:
+def load_weights(
+    checkpoint: Checkpoint,
+    params: Sequence[str],
+    shapes: Mapping[str, tuple],
+    *,
+    label: str,
+    prefix: str | None = None,
+    aliases: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, torch.Tensor]:
     """The weights ``params`` of one checkpoint, validated against ``shapes``.
 
     ``aliases`` maps a parameter to the other names of the same tensor in the model (tied
@@ -314,11 +341,14 @@ def load_weights(checkpoint: Checkpoint, params: Sequence[str], shapes: Mapping[
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{label}: parameter {p!r} is not a tensor")
         if not t.is_floating_point():
-            raise CheckpointError(f"{label}: parameter {p!r} has dtype {t.dtype}; weights must be "
-                                  "floating point (int, bool and complex tensors are not weights)")
+            raise CheckpointError(
+                f"{label}: parameter {p!r} has dtype {t.dtype}; weights must be "
+                "floating point (int, bool and complex tensors are not weights)"
+            )
         if tuple(t.shape) != tuple(shapes[p]):
-            raise CheckpointError(f"{label}: parameter {p!r} has shape {list(t.shape)}, "
-                                  f"the model expects {list(shapes[p])}")
+            raise CheckpointError(
+                f"{label}: parameter {p!r} has shape {list(t.shape)}, the model expects {list(shapes[p])}"
+            )
         out[p] = t
     return out
 
@@ -336,8 +366,7 @@ def read_manifest(path: Path) -> Any:
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     if size > MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{path}: {size} bytes is too large for a manifest "
-                              f"(limit {MAX_MANIFEST_BYTES})")
+        raise CheckpointError(f"{path}: {size} bytes is too large for a manifest (limit {MAX_MANIFEST_BYTES})")
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -353,8 +382,7 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-              "pytorch_model.bin.index.json")
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def _hf_weights(folder: Path) -> Path | None:
@@ -371,13 +399,14 @@ def _lightning_position(path: Path) -> tuple[int, int]:
         with ts.safe_globals(_harmless_globals()):
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError:
-        obj = _read_pickled_state(path)   # raises the precise error
+        obj = _read_pickled_state(path)  # raises the precise error
     except Exception as exc:
         raise CheckpointError(f"{path}: not a readable Lightning checkpoint: {_first_line(exc)}") from None
     epoch, step = (obj.get("epoch"), obj.get("global_step")) if isinstance(obj, Mapping) else (None, None)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, step)):
-        raise CheckpointError(f"{path}: a Lightning checkpoint without integer 'epoch' and 'global_step': "
-                              "its time order cannot be told")
+        raise CheckpointError(
+            f"{path}: a Lightning checkpoint without integer 'epoch' and 'global_step': its time order cannot be told"
+        )
     return epoch, step
 
 
@@ -396,20 +425,25 @@ def _scan_checkpoints(path: Path) -> list[Path]:
     hf = [(int(d.name.split("-")[1]), d) for d in subdirs if _hf_weights(d) is not None]
     if hf:
         return [d for _, d in sorted(hf)]
-    files = [f for f in path.iterdir() if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file()
-             and not f.name.startswith(".")]
+    files = [
+        f
+        for f in path.iterdir()
+        if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file() and not f.name.startswith(".")
+    ]
     ckpts = [f for f in files if f.suffix.lower() == ".ckpt"]
     if ckpts and len(ckpts) == len(files):
         keyed = {}
-        for f in sorted(ckpts, key=lambda f: f.name == "last.ckpt"):   # named ones first
+        for f in sorted(ckpts, key=lambda f: f.name == "last.ckpt"):  # named ones first
             keyed.setdefault(_lightning_position(f), f)
         return [f for _, f in sorted(keyed.items())]
     ckpt = [f for f in files if f.name.startswith("ckpt-")]
     files = ckpt or files
     unnumbered = [f.name for f in files if not re.search(r"\d", f.stem)]
     if unnumbered and len(files) > 1:
-        raise CheckpointError(f"{path}: cannot tell the time order of {', '.join(sorted(unnumbered)[:5])}: "
-                              "checkpoint names must carry their step or epoch, or list them in run.json")
+        raise CheckpointError(
+            f"{path}: cannot tell the time order of {', '.join(sorted(unnumbered)[:5])}: "
+            "checkpoint names must carry their step or epoch, or list them in run.json"
+        )
     keys = [_natural_key(f.stem) for f in files]
     if len(set(keys)) < len(keys):
         raise CheckpointError(f"{path}: two checkpoint files carry the same number; list them in run.json")
@@ -463,12 +497,16 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model.module
             continue
         forward = getattr(type(model), "forward", None)
-        own = forward is not None and forward is not nn.Module.forward and not getattr(
-            forward, "__qualname__", "").startswith(("LightningModule.", "_DeviceDtypeModuleMixin."))
+        own = (
+            forward is not None
+            and forward is not nn.Module.forward
+            and not getattr(forward, "__qualname__", "").startswith(("LightningModule.", "_DeviceDtypeModuleMixin."))
+        )
         if not own:
             holders = [c for c in model.children() if any(True for _ in c.parameters())]
             if len(holders) == 1 and sum(p.numel() for p in holders[0].parameters()) == sum(
-                    p.numel() for p in model.parameters()):
+                p.numel() for p in model.parameters()
+            ):
                 model = holders[0]
                 continue
         break
@@ -515,8 +553,9 @@ class Run:
             raise TypeError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
         self.model = unwrap_model(self.model)
         if isinstance(self.checkpoints, (str, os.PathLike, Mapping)):
-            raise TypeError("checkpoints must be a sequence of state dicts or paths, "
-                            "not a single one: wrap it in a list")
+            raise TypeError(
+                "checkpoints must be a sequence of state dicts or paths, not a single one: wrap it in a list"
+            )
         self.checkpoints = list(self.checkpoints)
         if self.name is None:
             self.name = self.meta.get("name") or type(self.model).__name__
@@ -567,20 +606,19 @@ class Run:
         topo = self.topology
         shapes = topo.source_params
         label = self.label(t)
-        w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix,
-                         aliases=self.tied)
+        w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix, aliases=self.tied)
         for layer in topo.layers:
             if layer.effective is not None:
                 try:
                     w[layer.param] = layer.effective_weight(w)
-                except Exception as exc:   # the user's weight computation, on untrusted numbers
-                    raise CheckpointError(f"{label}: computing the effective weight of layer "
-                                          f"{layer.name!r} failed: {exc}") from None
+                except Exception as exc:  # the user's weight computation, on untrusted numbers
+                    raise CheckpointError(
+                        f"{label}: computing the effective weight of layer {layer.name!r} failed: {exc}"
+                    ) from None
         return w
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike, model: nn.Module | None = None,
-                 prefix: str | None = None) -> "Run":
+    def from_dir(cls, path: str | os.PathLike, model: nn.Module | None = None, prefix: str | None = None) -> "Run":
         r"""Read a run folder.
 
         With ``run.json`` (the sweep format, see docs/method.md): it names the model (``model`` and
@@ -615,8 +653,10 @@ class Run:
                 with torch.device("meta"):
                     model = build_model(meta["model"], **meta["model_kwargs"])
             except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
-                raise CheckpointError(f"{manifest}: cannot build model {meta['model']!r} with "
-                                      f"model_kwargs {meta['model_kwargs']!r}: {exc}") from None
+                raise CheckpointError(
+                    f"{manifest}: cannot build model {meta['model']!r} with "
+                    f"model_kwargs {meta['model_kwargs']!r}: {exc}"
+                ) from None
         if "checkpoints" in meta:
             files = []
             for i, c in enumerate(meta["checkpoints"]):
@@ -624,8 +664,9 @@ class Run:
                 files.append(confined_path(path, name, what=f"{manifest}: checkpoints[{i}].file"))
             missing = [str(f) for f in files if not f.is_file()]
             if missing:
-                raise CheckpointError(f"{path}: checkpoint files listed in run.json are missing: "
-                                      + ", ".join(missing[:5]))
+                raise CheckpointError(
+                    f"{path}: checkpoint files listed in run.json are missing: " + ", ".join(missing[:5])
+                )
         else:
             files = [confined_path(path, f.name, what=f"{path}: checkpoint") for f in _scan_checkpoints(path)]
         if not files:
@@ -639,13 +680,13 @@ def _check_against(model: nn.Module, first: Path, prefix: str | None) -> None:
     """The model's conv/linear weight shapes against the first checkpoint's header, before
     the topology (whose size follows the model's) is built."""
     shapes = checkpoint_shapes(first)
-    want = {n: tuple(p.shape) for n, p in model.state_dict().items()
-            if n.endswith("weight") and len(p.shape) >= 2}
+    want = {n: tuple(p.shape) for n, p in model.state_dict().items() if n.endswith("weight") and len(p.shape) >= 2}
     if not want:
         return
     params = list(want)
     pre = _with_prefix(shapes, params, prefix, str(first))
     for n, shape in want.items():
         if shapes[pre + n] != shape:
-            raise CheckpointError(f"{first}: parameter {n!r} has shape {list(shapes[pre + n])}, "
-                                  f"the model expects {list(shape)}")
+            raise CheckpointError(
+                f"{first}: parameter {n!r} has shape {list(shapes[pre + n])}, the model expects {list(shape)}"
+            )

@@ -63,8 +63,11 @@ def _digits() -> Dataset:
 def _torchvision(name: str, root: str | Path, download: bool) -> Dataset:
     import torchvision
 
-    cls = {"mnist": torchvision.datasets.MNIST, "cifar10": torchvision.datasets.CIFAR10,
-           "cifar100": torchvision.datasets.CIFAR100}[name]
+    cls = {
+        "mnist": torchvision.datasets.MNIST,
+        "cifar10": torchvision.datasets.CIFAR10,
+        "cifar100": torchvision.datasets.CIFAR100,
+    }[name]
     root = Path(root).expanduser()
     try:
         train = cls(str(root), train=True, download=download)
@@ -73,13 +76,14 @@ def _torchvision(name: str, root: str | Path, download: bool) -> Dataset:
         raise DatasetNotFoundError(
             f"{name} was not found under {root.resolve()} ({exc}). Put the torchvision "
             f"{cls.__name__} files there, or pass --download (dtg sweep) / download=True "
-            "on a machine with internet access.") from None
+            "on a machine with internet access."
+        ) from None
 
     def tensors(ds):
         data = torch.as_tensor(np.asarray(ds.data))
         if data.dim() == 3:  # MNIST: [n, 28, 28] uint8 → pad to 32
             x = F.pad(data.unsqueeze(1).float() / 255.0, (2, 2, 2, 2))
-        else:                # CIFAR: [n, 32, 32, 3] uint8
+        else:  # CIFAR: [n, 32, 32, 3] uint8
             x = data.permute(0, 3, 1, 2).float() / 255.0
         return (x - 0.5) / 0.5, torch.as_tensor(np.asarray(ds.targets), dtype=torch.long)
 

@@ -21,17 +21,39 @@ def demo_config(quick: bool = False) -> SweepConfig:
     """The default digits LeNet-5 sweep: 8 lr × 4 dropout × 3 seeds = 96 runs, 20 epochs, a
     checkpoint each epoch; ``quick``: 4 × 2 × 2 = 16 runs, 8 checkpoints."""
     if quick:
-        return SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.01, 0.05, 0.3),
-                           dropouts=(0.0, 0.5), seeds=2, epochs=2, checkpoint_every=5,
-                           checkpoint_unit="step", batch_size=64)
-    return SweepConfig(model="lenet5", dataset="digits",
-                       lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
-                       dropouts=(0.0, 0.25, 0.5, 0.75), seeds=3, epochs=20,
-                       checkpoint_every=1, checkpoint_unit="epoch", batch_size=64)
+        return SweepConfig(
+            model="lenet5",
+            dataset="digits",
+            lrs=(0.002, 0.01, 0.05, 0.3),
+            dropouts=(0.0, 0.5),
+            seeds=2,
+            epochs=2,
+            checkpoint_every=5,
+            checkpoint_unit="step",
+            batch_size=64,
+        )
+    return SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
+        dropouts=(0.0, 0.25, 0.5, 0.75),
+        seeds=3,
+        epochs=20,
+        checkpoint_every=1,
+        checkpoint_unit="epoch",
+        batch_size=64,
+    )
 
 
-def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, progress: bool = True,
-             repeats: int | None = None, echo=print, strict: bool = False) -> dict:
+def run_demo(
+    out: str | Path = "demo-out",
+    quick: bool = False,
+    device=None,
+    progress: bool = True,
+    repeats: int | None = None,
+    echo=print,
+    strict: bool = False,
+) -> dict:
     """Run the demo into ``out``; returns the results (also written to ``out/results.json``).
 
     It finishes on any sweep: runs that cannot be read or solved are named, left out of the
@@ -62,12 +84,24 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, device=None, pro
     usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
     example = analyze(usable[len(usable) // 2], device=device) if usable else None
     verdicts = run_verdicts(sf, ks, features="dtg", threshold="median")
-    index = write_report(out / "report", sf, rows, example, head,
-                         title="dtg_gpu demo: LeNet-5 on digits", verdicts=verdicts)
-    results = {"runs": len(runs), "failed_runs": sf.failed, "timesteps": t, "early_k": early, "seconds": round(time.time() - started, 1),
-               "rows": [{"features": r["features"], "k": r["k"],
-                         **{m: {kk: r["scores"][m][kk] for kk in ("mean", "ci_low", "ci_high")}
-                            for m in METRICS}} for r in rows]}
+    index = write_report(
+        out / "report", sf, rows, example, head, title="dtg_gpu demo: LeNet-5 on digits", verdicts=verdicts
+    )
+    results = {
+        "runs": len(runs),
+        "failed_runs": sf.failed,
+        "timesteps": t,
+        "early_k": early,
+        "seconds": round(time.time() - started, 1),
+        "rows": [
+            {
+                "features": r["features"],
+                "k": r["k"],
+                **{m: {kk: r["scores"][m][kk] for kk in ("mean", "ci_low", "ci_high")} for m in METRICS},
+            }
+            for r in rows
+        ],
+    }
     atomic_write(out / "results.json", json.dumps(results, indent=2))
     echo(f"[4/4] report: {index}  ({results['seconds']} s in all)")
     return results

@@ -35,8 +35,7 @@ import torch
 
 from .features import check_alpha, temporal_features
 
-__all__ = ["FEATURE_SETS", "checkpoint_record", "run_records", "feature_vector", "is_diverged",
-           "StoppingRule"]
+__all__ = ["FEATURE_SETS", "checkpoint_record", "run_records", "feature_vector", "is_diverged", "StoppingRule"]
 
 FEATURE_SETS = ("dtg", "dtg+eigenvalue", "dtg_per_layer", "dtg_per_layer+eigenvalue", "dtg+weight_stats")
 
@@ -51,9 +50,15 @@ def _as_array(x) -> np.ndarray:
 
 def _records_from_stats(stats: torch.Tensor, weight_stats: Sequence[Sequence[float]]) -> list[dict]:
     s = stats.double()
-    return [{"dtg": _floats(s[t, :5]), "per_layer": _floats(s[t, 5:-1]),
-             "log_eigenvalue": _floats(s[t, -1:])[0], "weight_stats": _floats(weight_stats[t])}
-            for t in range(s.shape[0])]
+    return [
+        {
+            "dtg": _floats(s[t, :5]),
+            "per_layer": _floats(s[t, 5:-1]),
+            "log_eigenvalue": _floats(s[t, -1:])[0],
+            "weight_stats": _floats(weight_stats[t]),
+        }
+        for t in range(s.shape[0])
+    ]
 
 
 def run_records(run, device=None, start: int = 0) -> list[dict]:
@@ -69,12 +74,14 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     from .baselines import tensor_statistics
     from .checkpoints import Run
 
-    part = Run(model=run.model, checkpoints=list(run.checkpoints)[start:], name=run.name,
-               meta=run.meta, prefix=run.prefix)
+    part = Run(
+        model=run.model, checkpoints=list(run.checkpoints)[start:], name=run.name, meta=run.meta, prefix=run.prefix
+    )
     if len(part) == 0:
         return []
-    _, stats, _ = featurize_with_failures([part], timesteps=len(part), eigenvalue=True,
-                                          per_layer=True, device=device, strict=True)
+    _, stats, _ = featurize_with_failures(
+        [part], timesteps=len(part), eigenvalue=True, per_layer=True, device=device, strict=True
+    )
     params = part.topology.params
     ws = []
     for t in range(len(part)):
@@ -83,8 +90,7 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     return _records_from_stats(stats[0], ws)
 
 
-def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None,
-                      device=None) -> dict:
+def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None, device=None) -> dict:
     r"""Summarise one checkpoint for early stopping.
 
     Parameters
@@ -127,8 +133,13 @@ def _columns(rec: Mapping[str, Any], features: str) -> list:
     return cols
 
 
-def feature_vector(records: Sequence[Mapping[str, Any]], k: int, features: str = "dtg", alpha: float = 0.5,
-                   values: Sequence[float | None] | None = None) -> np.ndarray:
+def feature_vector(
+    records: Sequence[Mapping[str, Any]],
+    k: int,
+    features: str = "dtg",
+    alpha: float = 0.5,
+    values: Sequence[float | None] | None = None,
+) -> np.ndarray:
     """The feature of a run's first ``k`` checkpoint records: the method's temporal feature
     (``5·k`` numbers for ``"dtg"``), then the weight statistics of checkpoint ``k``
     (``"dtg+weight_stats"``), then the first ``k`` reported values when ``values`` is given.
@@ -146,8 +157,9 @@ def feature_vector(records: Sequence[Mapping[str, Any]], k: int, features: str =
     rows = [_as_array(_columns(r, features)) for r in records[:k]]
     width = {len(r) for r in rows}
     if len(width) != 1:
-        raise ValueError("checkpoint records of one run have different widths (per-layer statistics of "
-                         "different architectures?)")
+        raise ValueError(
+            "checkpoint records of one run have different widths (per-layer statistics of different architectures?)"
+        )
     stats = torch.from_numpy(np.stack(rows))
     out = [temporal_features(stats, check_alpha(alpha)).numpy()]
     if features == "dtg+weight_stats":
@@ -240,11 +252,18 @@ class StoppingRule:
         for name in ("patience", "n_startup_trials", "n_warmup_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "patience" else 0):
-                raise ValueError(f"{name} must be a {'positive' if name == 'patience' else 'non-negative'} "
-                                 f"integer, got {v!r}")
-        if not (self.threshold == "median" or _quantile_label(self.threshold) or (isinstance(self.threshold, (int, float))
-                                               and not isinstance(self.threshold, bool)
-                                               and math.isfinite(self.threshold))):
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'patience' else 'non-negative'} integer, got {v!r}"
+                )
+        if not (
+            self.threshold == "median"
+            or _quantile_label(self.threshold)
+            or (
+                isinstance(self.threshold, (int, float))
+                and not isinstance(self.threshold, bool)
+                and math.isfinite(self.threshold)
+            )
+        ):
             raise ValueError(f"threshold must be 'median' or a finite number, got {self.threshold!r}")
         if self.use_values not in (True, False, "auto"):
             raise ValueError(f"use_values must be True, False or 'auto', got {self.use_values!r}")
@@ -255,8 +274,10 @@ class StoppingRule:
             fs = getattr(self.predictor, "feature_settings", None) or {}
             k = fs.get("timesteps")
             if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not hasattr(self.predictor, "classes_"):
-                raise ValueError("predictor must be a fitted PerformancePredictor with feature_settings "
-                                 "(timesteps, alpha), as `dtg train` saves it")
+                raise ValueError(
+                    "predictor must be a fitted PerformancePredictor with feature_settings "
+                    "(timesteps, alpha), as `dtg train` saves it"
+                )
 
     # ------------------------------------------------------------------ labels
     def labels(self, finals: np.ndarray) -> tuple[np.ndarray, float]:
@@ -288,9 +309,12 @@ class StoppingRule:
         x = feature_vector(records, k, feats, float(fs.get("alpha", self.alpha)))
         return float(self.predictor.predict_proba(x[None, :])[0, list(self.predictor.classes_).index(1)])
 
-    def probability(self, records: Sequence[Mapping], values: Sequence[float | None] | None,
-                    finished: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None, float]]
-                    ) -> float | None:
+    def probability(
+        self,
+        records: Sequence[Mapping],
+        values: Sequence[float | None] | None,
+        finished: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None, float]],
+    ) -> float | None:
         r""":math:`P(\text{sufficient})` of a running run after its ``len(records)`` checkpoints.
 
         Parameters
@@ -317,8 +341,7 @@ class StoppingRule:
         if self.predictor is not None:
             return self._given(records, values)
         k = len(records)
-        rows = [(key, r, v, f) for key, r, v, f in finished
-                if len(r) >= k and f is not None and math.isfinite(f)]
+        rows = [(key, r, v, f) for key, r, v, f in finished if len(r) >= k and f is not None and math.isfinite(f)]
         if len(rows) < max(self.n_startup_trials, 2):
             return None
         use = self._uses_values(k, values, rows)
@@ -345,7 +368,7 @@ class StoppingRule:
 
         have = full(values) and all(full(r[2]) for r in rows)
         if self.use_values is True and not have:
-            return False   # the value is missing somewhere: decide from the weights alone
+            return False  # the value is missing somewhere: decide from the weights alone
         return have
 
     def _fit(self, rows, k: int, use_values: bool):
@@ -358,14 +381,14 @@ class StoppingRule:
         if len(feats) > 100_000:
             feats.clear()
         xs = []
-        for r in rows:   # a finished run's feature at k never changes: computed once
+        for r in rows:  # a finished run's feature at k never changes: computed once
             fk = (r[0], k, use_values)
             if fk not in feats:
                 feats[fk] = feature_vector(r[1], k, self.features, self.alpha, r[2] if use_values else None)
             xs.append(feats[fk])
         X = np.stack(xs)
         good = np.isfinite(X).all(axis=1)
-        X, y = X[good], y[good]   # diverged finished runs: nothing to learn from their NaNs
+        X, y = X[good], y[good]  # diverged finished runs: nothing to learn from their NaNs
         if X.shape[0] < 2 or np.bincount(y, minlength=2).min() < 1:
             return "one-class"
         fill = X.mean(axis=0)
@@ -380,5 +403,5 @@ class StoppingRule:
         :func:`is_diverged`)."""
         if diverged:
             return True
-        tail = list(history)[-self.patience:]
+        tail = list(history)[-self.patience :]
         return len(tail) == self.patience and all(p is not None and p < self.min_probability for p in tail)

@@ -28,12 +28,21 @@ from .exceptions import (
 from .graph import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
 from .topology import ChannelTopology
 
-__all__ = ["resolve_device", "GraphBatchResult", "GraphBlocks", "Unit", "plan_units", "iter_solve",
-           "solve_timesteps", "scaled_blocks", "load_blocks"]
+__all__ = [
+    "resolve_device",
+    "GraphBatchResult",
+    "GraphBlocks",
+    "Unit",
+    "plan_units",
+    "iter_solve",
+    "solve_timesteps",
+    "scaled_blocks",
+    "load_blocks",
+]
 
 DEFAULT_BUDGET_BYTES = 1 << 30
 SMALL_LAYER = 1 << 16  # weights: layers up to this size are stacked before taking norms
-LANCZOS_VECTORS = 32   # solve_perron's ncv: the Lanczos vectors a graph holds
+LANCZOS_VECTORS = 32  # solve_perron's ncv: the Lanczos vectors a graph holds
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -65,14 +74,14 @@ def _check_dtype(dtype: torch.dtype) -> torch.dtype:
 class GraphBatchResult:
     """Per graph (``[G]`` rows, in the order asked): the centrality and its flags."""
 
-    centrality: torch.Tensor   # [G, N]
-    eigenvalue: torch.Tensor   # [G]
-    residual: torch.Tensor     # [G]
-    iterations: torch.Tensor   # [G] long
-    converged: torch.Tensor    # [G] bool
-    finite: torch.Tensor       # [G] bool: weights were all finite
-    connected: torch.Tensor    # [G] bool: positive-weight graph is connected (Perron vector unique)
-    error: list                # [G] str | None: why the checkpoint could not be read (row is NaN)
+    centrality: torch.Tensor  # [G, N]
+    eigenvalue: torch.Tensor  # [G]
+    residual: torch.Tensor  # [G]
+    iterations: torch.Tensor  # [G] long
+    converged: torch.Tensor  # [G] bool
+    finite: torch.Tensor  # [G] bool: weights were all finite
+    connected: torch.Tensor  # [G] bool: positive-weight graph is connected (Perron vector unique)
+    error: list  # [G] str | None: why the checkpoint could not be read (row is NaN)
 
 
 class GraphBlocks(NamedTuple):
@@ -102,8 +111,9 @@ def _widen(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.T
     return t.to(device=device, non_blocking=True).to(wide)
 
 
-def scaled_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]],
-                  device: torch.device, dtype: torch.dtype) -> GraphBlocks:
+def scaled_blocks(
+    topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype
+) -> GraphBlocks:
     r"""Filter-norm blocks of ``G`` checkpoints, scaled per graph so no product can overflow.
 
     Eigenvector centrality does not depend on the scale of the weights: ``cA`` has the
@@ -131,17 +141,21 @@ def scaled_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.T
             b = wide_filter_norms(torch.stack([_widen(ws[layer.param], device, dtype) for ws in weights]), layer)
         else:  # norms written in place, checkpoint by checkpoint: no stacked copy of weights or blocks
             b = None
-            for g, ws in enumerate(weights):   # plain norms; one range check (one sync) per layer
-                w = _widen(ws[layer.param], device, dtype)   # one checkpoint widened at a time
+            for g, ws in enumerate(weights):  # plain norms; one range check (one sync) per layer
+                w = _widen(ws[layer.param], device, dtype)  # one checkpoint widened at a time
                 if b is None:
                     b = torch.empty((g_count,) + layer.block_shape, dtype=w.dtype, device=device)
-                plain_filter_norms(w[None], layer, out=b[g:g + 1])
-            if not norms_in_range(b):          # rare: overflow/underflow hazard, redo the layer safely
-                b = torch.cat([wide_filter_norms(_widen(ws[layer.param], device, dtype)[None], layer)
-                               .to(torch.float64) for ws in weights])
+                plain_filter_norms(w[None], layer, out=b[g : g + 1])
+            if not norms_in_range(b):  # rare: overflow/underflow hazard, redo the layer safely
+                b = torch.cat(
+                    [
+                        wide_filter_norms(_widen(ws[layer.param], device, dtype)[None], layer).to(torch.float64)
+                        for ws in weights
+                    ]
+                )
         blocks.append(b)
     peak = torch.stack([b.reshape(g_count, -1).amax(1).to(torch.float64) for b in blocks]).amax(0)
-    finite = torch.isfinite(peak)   # amax propagates NaN and Inf
+    finite = torch.isfinite(peak)  # amax propagates NaN and Inf
     exponent = torch.frexp(torch.where(finite, peak, torch.zeros_like(peak))).exponent
     scale = torch.ldexp(torch.ones_like(peak), exponent)
     inv = torch.ldexp(torch.ones_like(peak), -exponent)
@@ -151,15 +165,16 @@ def scaled_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.T
     for b in blocks:
         if extreme and b.dtype != torch.float64:
             b = b.double()
-        b = b.mul_(inv.to(b.dtype)[:, None, None]).to(dtype)   # fresh blocks: scaled in place
+        b = b.mul_(inv.to(b.dtype)[:, None, None]).to(dtype)  # fresh blocks: scaled in place
         if not all_finite:
             b[~finite] = 0.0
         out.append(b)
     return GraphBlocks(out, finite, scale)
 
 
-def load_blocks(topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]],
-                device: torch.device, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+def load_blocks(
+    topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Filter-norm blocks ``[G, out, C/g]`` per layer of ``G`` checkpoints in the weights' own
     units (for edge lists: :meth:`AnalysisResult.graph`), and their finiteness.
 
@@ -190,7 +205,7 @@ def _reachable_everywhere(op: BlockOperator, which: torch.Tensor) -> torch.Tenso
 
 def _chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -> int:
@@ -203,8 +218,7 @@ def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -
     return max(1, int(budget // max(per_graph, 1)))
 
 
-def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dtype,
-                        budget: int | None = None) -> int:
+def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dtype, budget: int | None = None) -> int:
     """Graphs per chunk: within the memory budget, and small enough that reading the next
     chunk overlaps with solving this one (about 4 chunks), but never below ~5 M edges per
     chunk, where batching small graphs is what makes them fast."""
@@ -228,8 +242,14 @@ class Unit:
         return [range(i, min(i + self.chunk, n)) for i in range(0, n, self.chunk)]
 
 
-def plan_units(n_runs: int, k: int, topology: ChannelTopology, dtype: torch.dtype,
-               chunk_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> list[Unit]:
+def plan_units(
+    n_runs: int,
+    k: int,
+    topology: ChannelTopology,
+    dtype: torch.dtype,
+    chunk_size: int | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> list[Unit]:
     """Split ``n_runs`` runs of ``k`` checkpoints each (one architecture) into units of whole runs.
 
     The plan depends only on ``(n_runs, k, topology, dtype, chunk_size, budget)``, never on
@@ -246,9 +266,16 @@ def plan_units(n_runs: int, k: int, topology: ChannelTopology, dtype: torch.dtyp
     return [Unit(i, min(i + per, n_runs), (min(i + per, n_runs) - i) * k) for i in range(0, n_runs, per)]
 
 
-def iter_solve(chunks: Sequence[Sequence[tuple[Run, int]]], topology: ChannelTopology, *,
-               device: torch.device, dtype: torch.dtype, tol: float, max_iter: int,
-               method: Method) -> Iterator[GraphBatchResult]:
+def iter_solve(
+    chunks: Sequence[Sequence[tuple[Run, int]]],
+    topology: ChannelTopology,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    tol: float,
+    max_iter: int,
+    method: Method,
+) -> Iterator[GraphBatchResult]:
     """Solve the given chunks of ``(run, t)`` pairs one batch each, in order; results on the CPU.
 
     The next chunk's checkpoints are read (and their filter norms taken) in a background
@@ -284,28 +311,44 @@ def iter_solve(chunks: Sequence[Sequence[tuple[Run, int]]], topology: ChannelTop
                 residual=torch.where(finite, res.residual, nan).cpu(),
                 iterations=res.iterations.cpu(),
                 converged=(res.converged & finite).cpu(),
-                finite=finite.cpu(), connected=connected.cpu(), error=errors)
+                finite=finite.cpu(),
+                connected=connected.cpu(),
+                error=errors,
+            )
 
 
 def concat_results(parts: Sequence[GraphBatchResult]) -> GraphBatchResult:
     """One :class:`GraphBatchResult` of several, rows in order."""
-    return GraphBatchResult(**{f: torch.cat([getattr(p, f) for p in parts]) if f != "error"
-                               else [e for p in parts for e in p.error]
-                               for f in GraphBatchResult.__dataclass_fields__})
+    return GraphBatchResult(
+        **{
+            f: torch.cat([getattr(p, f) for p in parts]) if f != "error" else [e for p in parts for e in p.error]
+            for f in GraphBatchResult.__dataclass_fields__
+        }
+    )
 
 
-def solve_timesteps(items: Sequence[tuple[Run, int]], topology: ChannelTopology, *,
-                    device: torch.device, dtype: torch.dtype, tol: float, max_iter: int,
-                    method: Method, chunk_size: int | None = None,
-                    budget_bytes: int = DEFAULT_BUDGET_BYTES, warn: bool = True,
-                    progress=None) -> GraphBatchResult:
+def solve_timesteps(
+    items: Sequence[tuple[Run, int]],
+    topology: ChannelTopology,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    tol: float,
+    max_iter: int,
+    method: Method,
+    chunk_size: int | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    warn: bool = True,
+    progress=None,
+) -> GraphBatchResult:
     """Solve the graphs of ``(run, t)`` pairs that share ``topology``; results on the CPU."""
     _check_dtype(dtype)
     items = list(items)
     size = chunk_size or pipeline_chunk_size(topology, len(items), dtype, budget_bytes)
     parts: list[GraphBatchResult] = []
-    for part in iter_solve(list(_chunks(items, size)), topology, device=device, dtype=dtype,
-                           tol=tol, max_iter=max_iter, method=method):
+    for part in iter_solve(
+        list(_chunks(items, size)), topology, device=device, dtype=dtype, tol=tol, max_iter=max_iter, method=method
+    ):
         parts.append(part)
         if progress is not None:
             progress.update(len(part.error))
@@ -342,16 +385,26 @@ def _names(items, mask) -> str:
 def warn_results(items, out: GraphBatchResult, stacklevel: int = 3) -> None:
     """The non-finite, not-converged and disconnected graphs of ``out``, each kind in one warning."""
     unread = torch.tensor([e is not None for e in out.error], dtype=torch.bool)
-    nonfinite = ~out.finite & ~unread   # unreadable checkpoints are reported by the caller
+    nonfinite = ~out.finite & ~unread  # unreadable checkpoints are reported by the caller
     if bool(nonfinite.any()):
-        warnings.warn(f"non-finite (NaN/Inf) weights at {_names(items, nonfinite)}: their "
-                      "centrality is NaN", NonFiniteWeightsWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"non-finite (NaN/Inf) weights at {_names(items, nonfinite)}: their centrality is NaN",
+            NonFiniteWeightsWarning,
+            stacklevel=stacklevel,
+        )
     bad = out.finite & ~out.converged
     if bool(bad.any()):
-        warnings.warn(f"eigenvector centrality did not converge at {_names(items, bad)} "
-                      f"(largest residual {float(out.residual[bad].max()):.3g}); raise max_iter "
-                      "or tol", ConvergenceWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"eigenvector centrality did not converge at {_names(items, bad)} "
+            f"(largest residual {float(out.residual[bad].max()):.3g}); raise max_iter "
+            "or tol",
+            ConvergenceWarning,
+            stacklevel=stacklevel,
+        )
     disc = out.finite & ~out.connected
     if bool(disc.any()):
-        warnings.warn(f"disconnected or all-zero graph at {_names(items, disc)}: its Perron "
-                      "vector is not unique", DisconnectedGraphWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"disconnected or all-zero graph at {_names(items, disc)}: its Perron vector is not unique",
+            DisconnectedGraphWarning,
+            stacklevel=stacklevel,
+        )

@@ -34,17 +34,28 @@ def summarise(values) -> dict[str, Any]:
     v = np.asarray(values, dtype=float)
     f = v[np.isfinite(v)]
     if f.size == 0:
-        return {"mean": float("nan"), "std": float("nan"), "ci_low": float("nan"),
-                "ci_high": float("nan"), "n": 0, "values": v.tolist()}
+        return {
+            "mean": float("nan"),
+            "std": float("nan"),
+            "ci_low": float("nan"),
+            "ci_high": float("nan"),
+            "n": 0,
+            "values": v.tolist(),
+        }
     mean = float(f.mean())
     std = float(f.std(ddof=1)) if f.size > 1 else 0.0
     half = float(sps.t.ppf(0.975, f.size - 1) * std / np.sqrt(f.size)) if f.size > 1 else 0.0
-    return {"mean": mean, "std": std, "ci_low": max(0.0, mean - half),
-            "ci_high": min(1.0, mean + half), "n": int(f.size), "values": v.tolist()}
+    return {
+        "mean": mean,
+        "std": std,
+        "ci_low": max(0.0, mean - half),
+        "ci_high": min(1.0, mean + half),
+        "n": int(f.size),
+        "values": v.tolist(),
+    }
 
 
-def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1,
-             positive: Any = 1) -> dict[str, Any]:
+def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1, positive: Any = 1) -> dict[str, Any]:
     r"""Fit a fresh clone of ``clf`` on ``repeats`` stratified splits and score each.
 
     Parameters
@@ -87,8 +98,10 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     if classes.size != 2:
         raise ValueError(f"evaluate needs two classes, got {classes.size} ({classes.tolist()})")
     if counts.min() < 2:
-        raise ValueError(f"class {classes[counts.argmin()]!r} has only {counts.min()} run; "
-                         "a stratified split needs at least 2 of each")
+        raise ValueError(
+            f"class {classes[counts.argmin()]!r} has only {counts.min()} run; "
+            "a stratified split needs at least 2 of each"
+        )
     if positive not in classes:
         raise ValueError(f"positive={positive!r} is not one of the labels {classes.tolist()}")
     values: dict[str, list[float]] = {m: [] for m in METRICS}

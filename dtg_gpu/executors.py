@@ -45,8 +45,14 @@ class SolveSettings:
     eigenvalue: bool
 
     def key(self) -> dict[str, Any]:
-        return {"dtype": str(self.dtype), "tol": float(self.tol), "max_iter": int(self.max_iter),
-                "method": self.method, "per_layer": bool(self.per_layer), "eigenvalue": bool(self.eigenvalue)}
+        return {
+            "dtype": str(self.dtype),
+            "tol": float(self.tol),
+            "max_iter": int(self.max_iter),
+            "method": self.method,
+            "per_layer": bool(self.per_layer),
+            "eigenvalue": bool(self.eigenvalue),
+        }
 
     def layout(self, topology: ChannelTopology) -> StatisticsLayout:
         return StatisticsLayout.of(topology, self.per_layer, self.eigenvalue)
@@ -69,10 +75,10 @@ class Job:
     """One unit of one architecture's runs, with what it needs to be solved and cached."""
 
     runs: list[Run]
-    rows: list[int]             # the runs' rows in the caller's list
+    rows: list[int]  # the runs' rows in the caller's list
     unit: Unit
     topology: ChannelTopology
-    key: str | None = None      # cache key; None: not cacheable
+    key: str | None = None  # cache key; None: not cacheable
     result: UnitResult | None = field(default=None, repr=False)
 
 
@@ -83,13 +89,23 @@ def unit_result(out: GraphBatchResult, n: int, topology: ChannelTopology, s: Sol
     if s.per_layer:
         groups = [idx for _, idx in layer_node_groups(topology)]
         per = layer_statistics(out.centrality, groups).reshape(n, k, -1)
-    stats = s.layout(topology).join(timestep_statistics(out.centrality).reshape(n, k, -1).to(s.dtype), per,
-                                    out.eigenvalue.to(s.dtype).log().reshape(n, k) if s.eigenvalue else None)
+    stats = s.layout(topology).join(
+        timestep_statistics(out.centrality).reshape(n, k, -1).to(s.dtype),
+        per,
+        out.eigenvalue.to(s.dtype).log().reshape(n, k) if s.eigenvalue else None,
+    )
     flags = {f: getattr(out, f).reshape(n, k) for f in ("residual", "finite", "converged", "connected")}
-    entries = [CachedRun(stats=stats[j].clone(), residual=flags["residual"][j].double().clone(),
-                         finite=flags["finite"][j].clone(), converged=flags["converged"][j].clone(),
-                         connected=flags["connected"][j].clone()) for j in range(n)]
-    return UnitResult(entries, [list(out.error[j * k:(j + 1) * k]) for j in range(n)])
+    entries = [
+        CachedRun(
+            stats=stats[j].clone(),
+            residual=flags["residual"][j].double().clone(),
+            finite=flags["finite"][j].clone(),
+            converged=flags["converged"][j].clone(),
+            connected=flags["connected"][j].clone(),
+        )
+        for j in range(n)
+    ]
+    return UnitResult(entries, [list(out.error[j * k : (j + 1) * k]) for j in range(n)])
 
 
 def _unit_chunks(runs: Sequence[Run], unit: Unit, k: int) -> list[list[tuple[Run, int]]]:
@@ -97,12 +113,22 @@ def _unit_chunks(runs: Sequence[Run], unit: Unit, k: int) -> list[list[tuple[Run
     return [[items[i] for i in rg] for rg in unit.chunks(k)]
 
 
-def solve_unit(runs: Sequence[Run], unit: Unit, s: SolveSettings, device: torch.device,
-               topology: ChannelTopology | None = None) -> UnitResult:
+def solve_unit(
+    runs: Sequence[Run], unit: Unit, s: SolveSettings, device: torch.device, topology: ChannelTopology | None = None
+) -> UnitResult:
     """Solve one unit (its runs' first ``k`` checkpoints) as the plan says: what a Ray task runs."""
     topo = topology or runs[0].topology
-    parts = list(iter_solve(_unit_chunks(runs, unit, s.k), topo, device=device, dtype=s.dtype,
-                            tol=s.tol, max_iter=s.max_iter, method=s.method))
+    parts = list(
+        iter_solve(
+            _unit_chunks(runs, unit, s.k),
+            topo,
+            device=device,
+            dtype=s.dtype,
+            tol=s.tol,
+            max_iter=s.max_iter,
+            method=s.method,
+        )
+    )
     return unit_result(concat_results(parts), len(runs), topo, s)
 
 
@@ -116,8 +142,14 @@ def store(cache: FeatureCache | None, runs: Sequence[Run], key: str | None, resu
             cache.store(str(run.name), key, entry)
 
 
-def _solve_local(jobs: list[Job], s: SolveSettings, device: torch.device, cache: FeatureCache | None,
-                 on_done: Callable[[Job], None], progress) -> None:
+def _solve_local(
+    jobs: list[Job],
+    s: SolveSettings,
+    device: torch.device,
+    cache: FeatureCache | None,
+    on_done: Callable[[Job], None],
+    progress,
+) -> None:
     """Every job's chunks in one pipelined pass per architecture; each unit is cached and
     handed on as soon as its last chunk is solved."""
     by_topo: dict[int, list[Job]] = {}
@@ -130,8 +162,9 @@ def _solve_local(jobs: list[Job], s: SolveSettings, device: torch.device, cache:
                 chunks.append(c)
                 owner.append(j)
         parts: list[GraphBatchResult] = []
-        solved = iter_solve(chunks, group[0].topology, device=device, dtype=s.dtype, tol=s.tol,
-                            max_iter=s.max_iter, method=s.method)
+        solved = iter_solve(
+            chunks, group[0].topology, device=device, dtype=s.dtype, tol=s.tol, max_iter=s.max_iter, method=s.method
+        )
         for i, part in enumerate(solved):
             parts.append(part)
             if progress is not None:
@@ -144,26 +177,38 @@ def _solve_local(jobs: list[Job], s: SolveSettings, device: torch.device, cache:
                 on_done(job)
 
 
-def plan_jobs(groups: Sequence[tuple[ChannelTopology, list[int]]], runs: Sequence[Run],
-              s: SolveSettings, chunk_size: int | None, cache: FeatureCache | None) -> list[Job]:
+def plan_jobs(
+    groups: Sequence[tuple[ChannelTopology, list[int]]],
+    runs: Sequence[Run],
+    s: SolveSettings,
+    chunk_size: int | None,
+    cache: FeatureCache | None,
+) -> list[Job]:
     """Units of every architecture group, with their cache keys."""
     jobs = []
     for topo, rows in groups:
         sig = architecture_signature(topo, runs[rows[0]].model) if cache is not None else ""
         for unit in plan_units(len(rows), s.k, topo, s.dtype, chunk_size):
-            mine = rows[unit.start:unit.stop]
+            mine = rows[unit.start : unit.stop]
             members = [runs[i] for i in mine]
-            key = (unit_key(members, s.k, unit.chunk, s.key(), sig, cache.root)
-                   if cache is not None else None)
+            key = unit_key(members, s.k, unit.chunk, s.key(), sig, cache.root) if cache is not None else None
             jobs.append(Job(members, mine, unit, topo, key))
     return jobs
 
 
-def featurize_runs(runs: Sequence[Run], groups: Sequence[tuple[ChannelTopology, list[int]]],
-                   s: SolveSettings, device: torch.device | None, *, chunk_size: int | None = None,
-                   cache: FeatureCache | None = None, executor: Executor = "local",
-                   address: str | None = None, progress: bool = False,
-                   strict: bool = False) -> tuple[torch.Tensor, dict[int, str]]:
+def featurize_runs(
+    runs: Sequence[Run],
+    groups: Sequence[tuple[ChannelTopology, list[int]]],
+    s: SolveSettings,
+    device: torch.device | None,
+    *,
+    chunk_size: int | None = None,
+    cache: FeatureCache | None = None,
+    executor: Executor = "local",
+    address: str | None = None,
+    progress: bool = False,
+    strict: bool = False,
+) -> tuple[torch.Tensor, dict[int, str]]:
     """Raw statistics ``[len(runs), k, F]`` of the grouped runs (other rows NaN) and, per row,
     why a run failed (a checkpoint could not be read, or its task failed).
 
@@ -190,6 +235,7 @@ def featurize_runs(runs: Sequence[Run], groups: Sequence[tuple[ChannelTopology, 
             if why is not None:
                 if strict:
                     from .exceptions import CheckpointError
+
                     raise CheckpointError(why)
                 failed[row] = why
 
@@ -200,12 +246,15 @@ def featurize_runs(runs: Sequence[Run], groups: Sequence[tuple[ChannelTopology, 
         graphs = sum(len(j.runs) for j in todo) * s.k
         if executor == "ray":
             from .integrations.ray_cluster import solve_jobs
-            solve_jobs(todo, s, device, cache, on_done, progress=progress, address=address, strict=strict,
-                       failed=failed)
+
+            solve_jobs(
+                todo, s, device, cache, on_done, progress=progress, address=address, strict=strict, failed=failed
+            )
         else:
             bar = None
             if progress:
                 from tqdm.auto import tqdm
+
                 bar = tqdm(total=graphs, desc="centrality", unit="graph")
             try:
                 _solve_local(todo, s, device, cache, on_done, bar)
@@ -229,7 +278,10 @@ def _warn_jobs(jobs: Sequence[Job], k: int) -> None:
         entries = [e for job in group for e in job.result.entries]
         out = SimpleNamespace(
             error=[e for job in group for errs in job.result.errors for e in errs],
-            **{f: torch.cat([getattr(e, f) for e in entries]) for f in ("residual", "finite", "converged", "connected")})
+            **{
+                f: torch.cat([getattr(e, f) for e in entries]) for f in ("residual", "finite", "converged", "connected")
+            },
+        )
         warn_results(items, out, stacklevel=5)
 
 

@@ -53,11 +53,11 @@ MAX_ENTRY_BYTES = 64 << 20
 class CachedRun:
     """One run's part of a solved unit: ``[k, F]`` statistics and ``[k]`` flags."""
 
-    stats: torch.Tensor       # [k, F] in the solve dtype
-    residual: torch.Tensor    # [k] float64
-    finite: torch.Tensor      # [k] bool
-    converged: torch.Tensor   # [k] bool
-    connected: torch.Tensor   # [k] bool
+    stats: torch.Tensor  # [k, F] in the solve dtype
+    residual: torch.Tensor  # [k] float64
+    finite: torch.Tensor  # [k] bool
+    converged: torch.Tensor  # [k] bool
+    connected: torch.Tensor  # [k] bool
 
 
 def _identity(path: Any, root: Path | None) -> list | None:
@@ -75,8 +75,9 @@ def _identity(path: Any, root: Path | None) -> list | None:
     return [name, int(st.st_size), int(st.st_mtime_ns)]
 
 
-def unit_key(runs: Sequence, k: int, chunk: int, settings: Mapping[str, Any], signature: str,
-             root: Path | None) -> str | None:
+def unit_key(
+    runs: Sequence, k: int, chunk: int, settings: Mapping[str, Any], signature: str, root: Path | None
+) -> str | None:
     """The cache key of a unit (hex SHA-256), or ``None`` when a checkpoint of it is not a
     file that can be identified (in memory, missing): such a unit is always solved."""
     from . import __version__
@@ -87,16 +88,32 @@ def unit_key(runs: Sequence, k: int, chunk: int, settings: Mapping[str, Any], si
         if any(i is None for i in ids):
             return None
         members.append([str(run.name), run.prefix, ids])
-    blob = json.dumps({"format": FORMAT, "version": __version__, "settings": dict(settings),
-                       "k": int(k), "chunk": int(chunk), "architecture": signature, "runs": members},
-                      sort_keys=True, default=str)
+    blob = json.dumps(
+        {
+            "format": FORMAT,
+            "version": __version__,
+            "settings": dict(settings),
+            "k": int(k),
+            "chunk": int(chunk),
+            "architecture": signature,
+            "runs": members,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def architecture_signature(topology, model) -> str:
     """A short hash of the channel graph's layout and the model's class."""
-    text = repr((type(model).__module__, type(model).__qualname__, topology.signature(),
-                 tuple(l.effective is not None for l in topology.layers)))
+    text = repr(
+        (
+            type(model).__module__,
+            type(model).__qualname__,
+            topology.signature(),
+            tuple(l.effective is not None for l in topology.layers),
+        )
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -141,15 +158,23 @@ class FeatureCache:
                 if meta.get("format") != FORMAT or meta.get("key") != key or meta.get("run") != str(run_name):
                     return None
                 t = {name: f.get_tensor(name) for name in f.keys()}
-        except Exception:   # an untrusted file that is not a valid entry: solve again
+        except Exception:  # an untrusted file that is not a valid entry: solve again
             return None
         try:
-            entry = CachedRun(stats=t["stats"], residual=t["residual"], finite=t["finite"].bool(),
-                              converged=t["converged"].bool(), connected=t["connected"].bool())
+            entry = CachedRun(
+                stats=t["stats"],
+                residual=t["residual"],
+                finite=t["finite"].bool(),
+                converged=t["converged"].bool(),
+                connected=t["connected"].bool(),
+            )
         except KeyError:
             return None
-        if (entry.stats.shape != (k, width) or entry.stats.dtype != dtype
-                or any(getattr(entry, f).shape != (k,) for f in ("residual", "finite", "converged", "connected"))):
+        if (
+            entry.stats.shape != (k, width)
+            or entry.stats.dtype != dtype
+            or any(getattr(entry, f).shape != (k,) for f in ("residual", "finite", "converged", "connected"))
+        ):
             return None
         return entry
 
@@ -158,9 +183,13 @@ class FeatureCache:
         from safetensors.torch import save_file
 
         path = self._path(run_name, key)
-        tensors = {"stats": entry.stats.contiguous(), "residual": entry.residual.double().contiguous(),
-                   "finite": entry.finite.to(torch.uint8), "converged": entry.converged.to(torch.uint8),
-                   "connected": entry.connected.to(torch.uint8)}
+        tensors = {
+            "stats": entry.stats.contiguous(),
+            "residual": entry.residual.double().contiguous(),
+            "finite": entry.finite.to(torch.uint8),
+            "converged": entry.converged.to(torch.uint8),
+            "connected": entry.connected.to(torch.uint8),
+        }
         meta = {"format": FORMAT, "key": key, "run": str(run_name)}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +197,9 @@ class FeatureCache:
         except OSError as exc:
             if not self._warned:
                 self._warned = True
-                warnings.warn(f"feature cache {self.folder} cannot be written ({exc}); going on "
-                              "without it (pass cache=False or --no-cache to silence this)",
-                              DTGWarning, stacklevel=3)
-
+                warnings.warn(
+                    f"feature cache {self.folder} cannot be written ({exc}); going on "
+                    "without it (pass cache=False or --no-cache to silence this)",
+                    DTGWarning,
+                    stacklevel=3,
+                )

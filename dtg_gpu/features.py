@@ -61,7 +61,7 @@ def temporal_reinforcement(stats: torch.Tensor, alpha: float) -> torch.Tensor:
     if stats.dim() < 2:
         raise ValueError(f"stats must have shape [..., T, F], got {list(stats.shape)}")
     w = reinforcement_weights(stats.shape[-2], alpha, dtype=stats.dtype, device=stats.device)
-    terms = w[:, :, None] * stats.unsqueeze(-3)              # [..., T, T, F]
+    terms = w[:, :, None] * stats.unsqueeze(-3)  # [..., T, T, F]
     keep = (w != 0)[:, :, None] | torch.eye(w.shape[0], dtype=torch.bool, device=w.device)[:, :, None]
     return torch.where(keep, terms, torch.zeros_like(terms)).sum(-2)
 

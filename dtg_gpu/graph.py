@@ -25,7 +25,15 @@ import torch
 from .exceptions import CheckpointError
 from .topology import ChannelTopology, WeightLayer
 
-__all__ = ["filter_norms", "wide_filter_norms", "BlockOperator", "BipartiteSquare", "graph_edges", "to_pyg", "to_networkx"]
+__all__ = [
+    "filter_norms",
+    "wide_filter_norms",
+    "BlockOperator",
+    "BipartiteSquare",
+    "graph_edges",
+    "to_pyg",
+    "to_networkx",
+]
 
 
 def _slices(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
@@ -33,7 +41,8 @@ def _slices(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     if tuple(weight.shape[1:]) != layer.weight_shape:
         raise CheckpointError(
             f"parameter {layer.param!r}: expected shape {list(layer.weight_shape)} per "
-            f"checkpoint, got {list(weight.shape[1:])}")
+            f"checkpoint, got {list(weight.shape[1:])}"
+        )
     out, cin = layer.block_shape
     return weight.reshape(weight.shape[0], out, cin, -1)
 
@@ -45,7 +54,7 @@ def norms_in_range(n: torch.Tensor) -> bool:
         return True
     info = torch.finfo(n.dtype)
     maxexp, minexp = math.frexp(info.max)[1], math.frexp(info.tiny)[1]
-    lo, hi = torch.aminmax(n)   # one pass; NaN fails both tests
+    lo, hi = torch.aminmax(n)  # one pass; NaN fails both tests
     return bool(((hi <= 2.0 ** (maxexp // 2 - 4)) & (lo >= 2.0 ** (minexp // 2 + 4))).item())
 
 
@@ -95,8 +104,7 @@ def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     return wide_filter_norms(weight, layer).to(weight.dtype)
 
 
-def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tensor | None = None) -> torch.Tensor:
     """``sqrt(Σ w²)`` per kernel slice with no range check (see :func:`norms_in_range`)."""
     w = _slices(weight, layer)
     if w.shape[-1] == 1:
@@ -104,8 +112,7 @@ def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer,
     return torch.linalg.vector_norm(w, dim=-1, out=out)
 
 
-def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`filter_norms` before the cast back: float64 where the norms left the range of
     ``weight``'s dtype, so that a caller can rescale them before casting (see
     :func:`dtg_gpu.engine.scaled_blocks`). With ``out`` (``[T, out, C/groups]`` of
@@ -115,7 +122,7 @@ def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer,
     n = plain_filter_norms(weight, layer, out=out)
     if w.shape[-1] == 1 or norms_in_range(n):
         return n
-    if w.dtype != torch.float64:   # float32/16 squares always fit float64's range
+    if w.dtype != torch.float64:  # float32/16 squares always fit float64's range
         return torch.linalg.vector_norm(w, dim=-1, dtype=torch.float64)
     a = w.abs().amax(-1, keepdim=True)
     a = torch.where(a > 0, a, torch.ones_like(a))
@@ -143,13 +150,21 @@ def _cached_plan(topology: ChannelTopology, device: torch.device, kind: str, bui
 
 
 def _block_plan(topology: ChannelTopology, device: torch.device) -> list:
-    return [(layer.groups, _as_slice(layer.out_nodes), layer.out_nodes.to(device),
-             _as_slice(layer.in_nodes), layer.in_nodes.to(device)) for layer in topology.layers]
+    return [
+        (
+            layer.groups,
+            _as_slice(layer.out_nodes),
+            layer.out_nodes.to(device),
+            _as_slice(layer.in_nodes),
+            layer.in_nodes.to(device),
+        )
+        for layer in topology.layers
+    ]
 
 
 def _square_plan(topology: ChannelTopology, device: torch.device):
     colour = topology.bipartition
-    side = bool(colour.sum() < colour.size - colour.sum())   # the smaller colour
+    side = bool(colour.sum() < colour.size - colour.sum())  # the smaller colour
     p_nodes, q_nodes = np.flatnonzero(colour == side), np.flatnonzero(colour != side)
     pos = np.empty(colour.size, dtype=np.int64)
     pos[p_nodes], pos[q_nodes] = np.arange(p_nodes.size), np.arange(q_nodes.size)
@@ -197,8 +212,13 @@ class BlockOperator:
     tensor([[1., 2., 3.]])
     """
 
-    def __init__(self, topology: ChannelTopology, blocks: Sequence[torch.Tensor],
-                 transposed_copy: bool | None = None, scale: torch.Tensor | None = None):
+    def __init__(
+        self,
+        topology: ChannelTopology,
+        blocks: Sequence[torch.Tensor],
+        transposed_copy: bool | None = None,
+        scale: torch.Tensor | None = None,
+    ):
         if len(blocks) != len(topology.layers):
             raise ValueError(f"expected {len(topology.layers)} blocks, got {len(blocks)}")
         self.topology = topology
@@ -206,26 +226,30 @@ class BlockOperator:
         first = self.blocks[0]
         self.num_graphs, self.num_nodes = first.shape[0], topology.num_nodes
         self.dtype, self.device = first.dtype, first.device
-        self.scale = (torch.ones(self.num_graphs, dtype=torch.float64, device=self.device)
-                      if scale is None else scale.to(device=self.device, dtype=torch.float64))
+        self.scale = (
+            torch.ones(self.num_graphs, dtype=torch.float64, device=self.device)
+            if scale is None
+            else scale.to(device=self.device, dtype=torch.float64)
+        )
         self._plan = _cached_plan(topology, self.device, "block", _block_plan)
         diag = None
         for layer, block in zip(topology.layers, self.blocks):
             if tuple(block.shape) != (self.num_graphs,) + layer.block_shape:
-                raise ValueError(f"block of {layer.param!r} has shape {list(block.shape)}, "
-                                 f"expected {[self.num_graphs, *layer.block_shape]}")
+                raise ValueError(
+                    f"block of {layer.param!r} has shape {list(block.shape)}, "
+                    f"expected {[self.num_graphs, *layer.block_shape]}"
+                )
             pos, nodes = layer.self_loops
             if pos.numel():
                 if diag is None:
-                    diag = torch.zeros(self.num_graphs, self.num_nodes, dtype=self.dtype,
-                                       device=self.device)
-                diag.index_add_(1, nodes.to(self.device),
-                                block.reshape(self.num_graphs, -1)[:, pos.to(self.device)])
+                    diag = torch.zeros(self.num_graphs, self.num_nodes, dtype=self.dtype, device=self.device)
+                diag.index_add_(1, nodes.to(self.device), block.reshape(self.num_graphs, -1)[:, pos.to(self.device)])
         self._diag = diag
         if transposed_copy is None:
             transposed_copy = self.device.type == "cpu"
-        self._blocks_t = [b.mT.contiguous() if transposed_copy and plan[0] == 1 else None
-                          for b, plan in zip(self.blocks, self._plan)]
+        self._blocks_t = [
+            b.mT.contiguous() if transposed_copy and plan[0] == 1 else None for b, plan in zip(self.blocks, self._plan)
+        ]
 
     def layer_out(self, i: int, xin: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s block applied to its input nodes: ``[G, C] → B xin  [G, out]``."""
@@ -341,7 +365,7 @@ class BipartiteSquare:
         """One block product per layer from one colour to the other (``Cᵀx`` or ``Cx``)."""
         y = x.new_zeros(x.shape[0], (self.q_nodes if from_p else self.p_nodes).numel())
         for i, in_p, in_sl, in_idx, out_sl, out_idx in self._plan:
-            if in_p == from_p:   # x lives on the layer's inputs
+            if in_p == from_p:  # x lives on the layer's inputs
                 _add(y, out_sl, out_idx, self.op.layer_out(i, _take(x, in_sl, in_idx)))
             else:
                 _add(y, in_sl, in_idx, self.op.layer_in(i, _take(x, out_sl, out_idx)))
@@ -363,12 +387,13 @@ class BipartiteSquare:
         x[:, self.p_nodes] = u
         x[:, self.q_nodes] = self.half(u) / lam
         x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(u.dtype).tiny)
-        flat = torch.full_like(x, self.op.num_nodes ** -0.5)
+        flat = torch.full_like(x, self.op.num_nodes**-0.5)
         return torch.where((eigenvalue > 0)[:, None], x, flat)
 
 
-def graph_edges(topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: int = 0,
-                *, directed_pairs: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def graph_edges(
+    topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: int = 0, *, directed_pairs: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Edge list of graph ``g`` of a batch of blocks, parallel edges summed.
 
     Parameters

@@ -33,8 +33,7 @@ def sequential_layers(model: nn.Module) -> list[nn.Module] | None:
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
     if not leaves or any(not isinstance(m, _SUPPORTED) for m in leaves):
         return None
-    if any(isinstance(m, nn.Conv2d) and (m.padding_mode != "zeros" or isinstance(m.padding, str))
-           for m in leaves):
+    if any(isinstance(m, nn.Conv2d) and (m.padding_mode != "zeros" or isinstance(m.padding, str)) for m in leaves):
         return None
     return leaves
 
@@ -63,29 +62,28 @@ class GroupedSequential:
         not reproduce the per-run forward (checked numerically at construction).
     """
 
-    def __init__(self, models: Sequence[nn.Module], dropout: Sequence[float],
-                 example: torch.Tensor):
+    def __init__(self, models: Sequence[nn.Module], dropout: Sequence[float], example: torch.Tensor):
         self.m = len(models)
         if len(dropout) != self.m:
             raise ValueError(f"{self.m} models but {len(dropout)} dropout rates")
         layers = sequential_layers(models[0])
         if layers is None:
-            raise ValueError(f"{type(models[0]).__name__} is not a plain sequence of "
-                             "Conv2d/ReLU/MaxPool2d/Flatten/Dropout/Linear layers")
+            raise ValueError(
+                f"{type(models[0]).__name__} is not a plain sequence of "
+                "Conv2d/ReLU/MaxPool2d/Flatten/Dropout/Linear layers"
+            )
         self.layers = layers
         names = {id(mod): name for name, mod in models[0].named_modules()}
         self.keys: list[tuple[str | None, str | None]] = []
         for mod in layers:
             if isinstance(mod, (nn.Conv2d, nn.Linear)):
                 prefix = names[id(mod)]
-                self.keys.append((f"{prefix}.weight",
-                                  f"{prefix}.bias" if mod.bias is not None else None))
+                self.keys.append((f"{prefix}.weight", f"{prefix}.bias" if mod.bias is not None else None))
             else:
                 self.keys.append((None, None))
         device = next(models[0].parameters()).device
         per_model = [dict(m.named_parameters()) for m in models]
-        self.params = {k: torch.stack([ps[k].detach() for ps in per_model]).requires_grad_()
-                       for k in per_model[0]}
+        self.params = {k: torch.stack([ps[k].detach() for ps in per_model]).requires_grad_() for k in per_model[0]}
         used = {k for pair in self.keys for k in pair if k}
         if used != set(self.params):
             raise ValueError("model has parameters outside its Conv2d/Linear layers")
@@ -94,7 +92,7 @@ class GroupedSequential:
             seen_weights |= isinstance(mod, (nn.Conv2d, nn.Linear))
             if isinstance(mod, nn.Dropout) and not seen_weights:
                 raise ValueError("Dropout before the first Conv2d/Linear is not supported grouped")
-        self.keep = (1.0 - torch.as_tensor(list(dropout), dtype=torch.float32, device=device))
+        self.keep = 1.0 - torch.as_tensor(list(dropout), dtype=torch.float32, device=device)
         self._check(models, example[:2])
 
     @torch.no_grad()
@@ -115,8 +113,9 @@ class GroupedSequential:
         except (RuntimeError, ValueError) as exc:
             raise ValueError(f"{type(probe).__name__} cannot be trained grouped: {exc}") from exc
         if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
-            raise ValueError(f"{type(probe).__name__}: forward is not the plain composition "
-                             "of its layers; cannot train it grouped")
+            raise ValueError(
+                f"{type(probe).__name__}: forward is not the plain composition of its layers; cannot train it grouped"
+            )
 
     def forward(self, x: torch.Tensor, train: bool = True) -> torch.Tensor:
         r"""Logits ``[m, B, classes]`` of every run on the shared batch ``x``."""
@@ -135,8 +134,7 @@ class GroupedSequential:
                 if shared and mod.groups > 1:  # keep channels run-major: give each run a copy
                     h, shared = h.repeat(1, m, 1, 1), False
                 groups = mod.groups if shared else mod.groups * m
-                h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), b, mod.stride, mod.padding,
-                             mod.dilation, groups)
+                h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), b, mod.stride, mod.padding, mod.dilation, groups)
                 shared = False
             elif isinstance(mod, nn.ReLU):
                 nxt = self.layers[i + 1] if i + 1 < n else None
@@ -150,21 +148,30 @@ class GroupedSequential:
             elif isinstance(mod, nn.Flatten):
                 if not flat:
                     B = h.shape[0]
-                    h = (h.reshape(B, -1).unsqueeze(0).expand(m, B, -1) if shared
-                         else h.reshape(B, m, -1).transpose(0, 1))
+                    h = (
+                        h.reshape(B, -1).unsqueeze(0).expand(m, B, -1)
+                        if shared
+                        else h.reshape(B, m, -1).transpose(0, 1)
+                    )
                     flat, shared = True, False
             elif isinstance(mod, nn.Dropout):
                 if train:  # keep-probability per run: [m, 1, 1] flat, [1, m·C, 1, 1] as maps
                     keep = self.keep.to(h.dtype)
-                    k = (keep.view(-1, *([1] * (h.dim() - 1))) if flat
-                         else keep.repeat_interleave(h.shape[1] // m).view(1, -1, 1, 1))
+                    k = (
+                        keep.view(-1, *([1] * (h.dim() - 1)))
+                        if flat
+                        else keep.repeat_interleave(h.shape[1] // m).view(1, -1, 1, 1)
+                    )
                     h = h * (torch.rand_like(h) < k) / k.clamp_min(1e-12)
             elif isinstance(mod, nn.Linear):
                 w = p[wk]
                 if not flat:
                     raise ValueError("Linear before Flatten is not supported grouped")
-                h = torch.bmm(h, w.transpose(1, 2)) if not bk else \
-                    torch.baddbmm(p[bk].unsqueeze(1), h, w.transpose(1, 2))
+                h = (
+                    torch.bmm(h, w.transpose(1, 2))
+                    if not bk
+                    else torch.baddbmm(p[bk].unsqueeze(1), h, w.transpose(1, 2))
+                )
                 shared = False
             i += 1
         return h

@@ -69,8 +69,11 @@ class StatisticsLayout:
     @property
     def names(self) -> list[str]:
         """Column names of one timestep: ``mean … kurtosis``, ``layer:mean …``, ``log_eigenvalue``."""
-        return (list(STATISTICS) + [f"{layer}:{s}" for layer in self.layers for s in STATISTICS]
-                + (["log_eigenvalue"] if self.eigenvalue else []))
+        return (
+            list(STATISTICS)
+            + [f"{layer}:{s}" for layer in self.layers for s in STATISTICS]
+            + (["log_eigenvalue"] if self.eigenvalue else [])
+        )
 
     def columns(self, k: int) -> list[str]:
         """Names of a run's ``k·F`` features: ``<name>_t<t>``, timestep by timestep."""
@@ -82,8 +85,9 @@ class StatisticsLayout:
             raise ValueError(f"{n_features} features are not a whole number of timesteps of {self.width}")
         return n_features // self.width
 
-    def join(self, spec: torch.Tensor, layers: torch.Tensor | None = None,
-             log_eigenvalue: torch.Tensor | None = None) -> torch.Tensor:
+    def join(
+        self, spec: torch.Tensor, layers: torch.Tensor | None = None, log_eigenvalue: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``[..., F]`` from the parts: ``[..., 5]``, ``[..., 5·L]`` and ``[...]``."""
         parts = [spec]
         if self.per_layer:
@@ -101,7 +105,7 @@ class StatisticsLayout:
         if stats.shape[-1] != self.width:
             raise ValueError(f"statistics have {stats.shape[-1]} columns, this layout {self.width}")
         n = len(STATISTICS)
-        layers = stats[..., n:n * (1 + len(self.layers))].contiguous() if self.per_layer else None
+        layers = stats[..., n : n * (1 + len(self.layers))].contiguous() if self.per_layer else None
         lam = stats[..., -1].contiguous() if self.eigenvalue else None
         return stats[..., :n].contiguous(), layers, lam
 

@@ -11,8 +11,21 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["LeNet5", "VGG", "CifarResNet", "resnet18", "resnet34", "resnet20", "resnet32",
-           "vgg11", "vgg13", "vgg16", "vgg19", "MODELS", "build_model"]
+__all__ = [
+    "LeNet5",
+    "VGG",
+    "CifarResNet",
+    "resnet18",
+    "resnet34",
+    "resnet20",
+    "resnet32",
+    "vgg11",
+    "vgg13",
+    "vgg16",
+    "vgg19",
+    "MODELS",
+    "build_model",
+]
 
 
 class LeNet5(nn.Module):
@@ -21,11 +34,18 @@ class LeNet5(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 1, dropout: float = 0.0):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2))
+            nn.Conv2d(in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2)
+        )
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(120, 84), nn.ReLU(), nn.Dropout(dropout), nn.Linear(84, num_classes))
+            nn.Flatten(),
+            nn.Linear(16 * 5 * 5, 120),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(84, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -35,8 +55,7 @@ _VGG_CFG = {
     11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     13: [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
-    19: [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
-         512, 512, 512, 512, "M"],
+    19: [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M"],
 }
 
 
@@ -44,8 +63,15 @@ class VGG(nn.Module):
     """VGG in the CIFAR form: 32×32 input, 3×3 convs, 1×1 map after five pools, dropout
     in a 512-512-classes classifier. ``width`` scales every channel count (narrow VGGs)."""
 
-    def __init__(self, depth: int = 11, num_classes: int = 10, in_channels: int = 3,
-                 dropout: float = 0.0, batch_norm: bool = False, width: float = 1.0):
+    def __init__(
+        self,
+        depth: int = 11,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        dropout: float = 0.0,
+        batch_norm: bool = False,
+        width: float = 1.0,
+    ):
         super().__init__()
         if depth not in _VGG_CFG:
             raise ValueError(f"VGG depth must be one of {sorted(_VGG_CFG)}, got {depth!r}")
@@ -64,9 +90,15 @@ class VGG(nn.Module):
         hidden = max(1, int(round(512 * width)))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Dropout(dropout), nn.Linear(c, hidden), nn.ReLU(inplace=True),
-            nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
-            nn.Linear(hidden, num_classes))
+            nn.Flatten(),
+            nn.Dropout(dropout),
+            nn.Linear(c, hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, num_classes),
+        )
         for m in self.features:  # torchvision's VGG init: without batch norm the default
             if isinstance(m, nn.Conv2d):  # init vanishes through 8+ layers and nothing trains
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -76,10 +108,20 @@ class VGG(nn.Module):
         return self.classifier(self.features(x))
 
 
-def vgg11(**kw) -> VGG: return VGG(11, **kw)
-def vgg13(**kw) -> VGG: return VGG(13, **kw)
-def vgg16(**kw) -> VGG: return VGG(16, **kw)
-def vgg19(**kw) -> VGG: return VGG(19, **kw)
+def vgg11(**kw) -> VGG:
+    return VGG(11, **kw)
+
+
+def vgg13(**kw) -> VGG:
+    return VGG(13, **kw)
+
+
+def vgg16(**kw) -> VGG:
+    return VGG(16, **kw)
+
+
+def vgg19(**kw) -> VGG:
+    return VGG(19, **kw)
 
 
 class _BasicBlock(nn.Module):
@@ -102,8 +144,9 @@ class _BasicBlock(nn.Module):
 class CifarResNet(nn.Module):
     """ResNet-(6n+2) of He et al. for CIFAR: 16/32/64 channels, 1×1 projection shortcuts."""
 
-    def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3,
-                 dropout: float = 0.0, width: int = 16):
+    def __init__(
+        self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, dropout: float = 0.0, width: int = 16
+    ):
         super().__init__()
         if (depth - 2) % 6:
             raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth!r}")
@@ -126,12 +169,17 @@ class CifarResNet(nn.Module):
         return self.fc(self.dropout(x))
 
 
-def resnet20(**kw) -> CifarResNet: return CifarResNet(20, **kw)
-def resnet32(**kw) -> CifarResNet: return CifarResNet(32, **kw)
+def resnet20(**kw) -> CifarResNet:
+    return CifarResNet(20, **kw)
 
 
-def _torchvision_resnet(builder: Callable, num_classes: int = 10, in_channels: int = 3,
-                        dropout: float = 0.0) -> nn.Module:
+def resnet32(**kw) -> CifarResNet:
+    return CifarResNet(32, **kw)
+
+
+def _torchvision_resnet(
+    builder: Callable, num_classes: int = 10, in_channels: int = 3, dropout: float = 0.0
+) -> nn.Module:
     """torchvision's ResNet with the stem adapted to 32×32 (3×3 conv, no max-pool)."""
     net = builder(num_classes=num_classes)
     net.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
@@ -143,17 +191,26 @@ def _torchvision_resnet(builder: Callable, num_classes: int = 10, in_channels: i
 
 def resnet18(**kw) -> nn.Module:
     from torchvision.models import resnet18 as tv
+
     return _torchvision_resnet(tv, **kw)
 
 
 def resnet34(**kw) -> nn.Module:
     from torchvision.models import resnet34 as tv
+
     return _torchvision_resnet(tv, **kw)
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
-    "lenet5": LeNet5, "vgg11": vgg11, "vgg13": vgg13, "vgg16": vgg16, "vgg19": vgg19,
-    "resnet18": resnet18, "resnet34": resnet34, "resnet20": resnet20, "resnet32": resnet32,
+    "lenet5": LeNet5,
+    "vgg11": vgg11,
+    "vgg13": vgg13,
+    "vgg16": vgg16,
+    "vgg19": vgg19,
+    "resnet18": resnet18,
+    "resnet34": resnet34,
+    "resnet20": resnet20,
+    "resnet32": resnet32,
 }
 
 

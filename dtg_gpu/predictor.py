@@ -48,8 +48,7 @@ def _threshold_value(acc: np.ndarray, threshold: float | str) -> float:
                 q = -1.0
             if 0.0 <= q <= 1.0:
                 return float(np.quantile(finite, q))
-        raise ValueError(f"threshold must be a number, 'median' or 'qX' (0 <= X <= 1, e.g. "
-                         f"'q0.75'), got {threshold!r}")
+        raise ValueError(f"threshold must be a number, 'median' or 'qX' (0 <= X <= 1, e.g. 'q0.75'), got {threshold!r}")
     try:
         return float(threshold)
     except (TypeError, ValueError):
@@ -93,7 +92,8 @@ def label_runs(accuracies: Sequence[float], threshold: float | str = "median") -
         raise ValueError(
             f"every one of the {acc.size} runs is labelled {'sufficient' if labels[0] else 'insufficient'} "
             f"with threshold {thr:.4g} (accuracies range {rng}); pick a threshold inside that "
-            "range, e.g. threshold='median'")
+            "range, e.g. threshold='median'"
+        )
     return labels
 
 
@@ -266,11 +266,20 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     True
     """
 
-    def __init__(self, hidden_sizes: Sequence[int] = (32,), epochs: int = 300, batch_size: int = 32,
-                 optimizer: str = "adam", learning_rate: float = 1e-2, weight_decay: float = 1e-4,
-                 random_state: Any = None, device: str | None = "cpu",
-                 feature_settings: dict | None = None, scaling: str = "standard",
-                 select: int | None = None):
+    def __init__(
+        self,
+        hidden_sizes: Sequence[int] = (32,),
+        epochs: int = 300,
+        batch_size: int = 32,
+        optimizer: str = "adam",
+        learning_rate: float = 1e-2,
+        weight_decay: float = 1e-4,
+        random_state: Any = None,
+        device: str | None = "cpu",
+        feature_settings: dict | None = None,
+        scaling: str = "standard",
+        select: int | None = None,
+    ):
         self.hidden_sizes = hidden_sizes
         self.epochs = epochs
         self.batch_size = batch_size
@@ -291,13 +300,15 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ fitting
     def _device(self) -> torch.device:
         from .engine import resolve_device
+
         return resolve_device(self.device)
 
     def _check_params(self) -> None:
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {SCALINGS}, got {self.scaling!r}")
-        if self.select is not None and (isinstance(self.select, bool) or not isinstance(
-                self.select, (int, np.integer)) or self.select < 1):
+        if self.select is not None and (
+            isinstance(self.select, bool) or not isinstance(self.select, (int, np.integer)) or self.select < 1
+        ):
             raise ValueError(f"select must be None or a positive integer, got {self.select!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
@@ -320,7 +331,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"only one class ({self.classes_[0]!r}) is present in the training labels; "
                 "the predictor needs both sufficient and insufficient runs: pick a threshold "
-                "that splits the sweep (e.g. threshold='median')")
+                "that splits the sweep (e.g. threshold='median')"
+            )
         finite = np.isfinite(X).all(1)
         if not finite.any():
             raise ValueError("every training row has non-finite features (all runs diverged)")
@@ -337,8 +349,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         from sklearn.utils import check_random_state
 
         # an int seeds torch as given; None or a RandomState (scikit-learn's convention) draws one
-        seed = (int(self.random_state) if isinstance(self.random_state, (int, np.integer))
-                else int(check_random_state(self.random_state).randint(0, 2**31 - 1)))
+        seed = (
+            int(self.random_state)
+            if isinstance(self.random_state, (int, np.integer))
+            else int(check_random_state(self.random_state).randint(0, 2**31 - 1))
+        )
         gen = torch.Generator().manual_seed(seed)
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
@@ -352,7 +367,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         opt_cls = torch.optim.Adam if self.optimizer == "adam" else torch.optim.SGD
         kw = {} if self.optimizer == "adam" else {"momentum": 0.9}
         opt = opt_cls(net.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **kw)
-        loss_fn = (torch.nn.BCEWithLogitsLoss() if n_out == 1 else torch.nn.CrossEntropyLoss())
+        loss_fn = torch.nn.BCEWithLogitsLoss() if n_out == 1 else torch.nn.CrossEntropyLoss()
         n = xt.shape[0]
         bs = min(int(self.batch_size), n)
         net.train()
@@ -360,7 +375,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             for _ in range(int(self.epochs)):
                 order = torch.randperm(n, generator=gen).to(dev)
                 for start in range(0, n, bs):
-                    idx = order[start:start + bs]
+                    idx = order[start : start + bs]
                     out = net(xt[idx])
                     target = yt[idx].float().unsqueeze(1) if n_out == 1 else yt[idx]
                     loss = loss_fn(out, target)
@@ -418,8 +433,10 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
         fs = self.feature_settings or {}
         if "timesteps" not in fs or "alpha" not in fs:
-            raise ValueError("this predictor has no feature_settings (alpha, timesteps): "
-                             "featurise the runs yourself and call predict_proba")
+            raise ValueError(
+                "this predictor has no feature_settings (alpha, timesteps): "
+                "featurise the runs yourself and call predict_proba"
+            )
         k, alpha = fs["timesteps"], fs["alpha"]
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"this predictor's feature_settings.timesteps is not a positive integer: {k!r}")
@@ -428,15 +445,17 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         runs = list(runs)
         failures: dict[str, str] = {}
         arch = fs.get("architecture")
-        if arch is not None:   # trained on one architecture: refuse runs of another, by name
+        if arch is not None:  # trained on one architecture: refuse runs of another, by name
             for r in runs:
                 try:
                     sig = architecture_signature(r.topology)
                 except READ_ERRORS:
-                    continue   # featurize reports it
+                    continue  # featurize reports it
                 if sig != arch:
-                    why = (f"its architecture ({len(sig)} weight layers, first {sig[0] if sig else None}) is "
-                           f"not the predictor's ({len(arch)} weight layers, first {arch[0] if arch else None})")
+                    why = (
+                        f"its architecture ({len(sig)} weight layers, first {sig[0] if sig else None}) is "
+                        f"not the predictor's ({len(arch)} weight layers, first {arch[0] if arch else None})"
+                    )
                     if strict:
                         raise ValueError(f"run {r.name!r}: {why}")
                     failures[r.name] = why
@@ -444,9 +463,16 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         proba = np.full((len(runs), len(self.classes_)), np.nan)
         if todo_idx:
             X, _, more = featurize_with_failures(
-                [runs[i] for i in todo_idx], timesteps=k, alpha=float(alpha), device=device, tol=float(fs.get("tol", 1e-6)),
-                method=fs.get("method", "auto"), eigenvalue=bool(fs.get("eigenvalue", False)),
-                per_layer=bool(fs.get("per_layer", False)), strict=strict)
+                [runs[i] for i in todo_idx],
+                timesteps=k,
+                alpha=float(alpha),
+                device=device,
+                tol=float(fs.get("tol", 1e-6)),
+                method=fs.get("method", "auto"),
+                eigenvalue=bool(fs.get("eigenvalue", False)),
+                per_layer=bool(fs.get("per_layer", False)),
+                strict=strict,
+            )
             failures.update(more)
             proba[todo_idx] = self.predict_proba(X.double().numpy())
         warn_failures(failures, stacklevel=2)
@@ -470,8 +496,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         params["hidden_sizes"] = [int(h) for h in params["hidden_sizes"]]
         if not isinstance(params["random_state"], (int, type(None))):
             params["random_state"] = None
-        meta = {"format": "dtg_gpu.PerformancePredictor/1", "params": params,
-                "classes": self.classes_.tolist(), "n_features_in": int(self.n_features_in_)}
+        meta = {
+            "format": "dtg_gpu.PerformancePredictor/1",
+            "params": params,
+            "classes": self.classes_.tolist(),
+            "n_features_in": int(self.n_features_in_),
+        }
         from ._files import atomic_write
 
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"dtg_predictor": json.dumps(meta)}))
@@ -520,8 +550,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if not isinstance(params, dict) or not set(params) <= known:
             raise bad(f"params must be an object with keys among {sorted(known)}")
         hidden = params.get("hidden_sizes", (32,))
-        if not isinstance(hidden, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                                   and 1 <= h <= 65536 for h in hidden):
+        if not isinstance(hidden, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 65536 for h in hidden
+        ):
             raise bad(f"hidden_sizes must be a list of integers in [1, 65536], got {hidden!r}")
         params["hidden_sizes"] = tuple(hidden)
         if params.get("feature_settings") is not None and not isinstance(params["feature_settings"], dict):
@@ -532,8 +563,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         except (ValueError, TypeError) as exc:
             raise bad(str(exc)) from None
         classes = meta.get("classes")
-        if (not isinstance(classes, list) or len(classes) < 2 or len(set(map(repr, classes))) != len(classes)
-                or not all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in classes)):
+        if (
+            not isinstance(classes, list)
+            or len(classes) < 2
+            or len(set(map(repr, classes))) != len(classes)
+            or not all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in classes)
+        ):
             raise bad(f"classes must list at least two distinct labels, got {classes!r}")
         d = meta.get("n_features_in")
         if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= 10_000_000:
@@ -567,7 +602,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             if sel is None or sel.dim() != 1 or sel.dtype != torch.int64:
                 raise bad(f"a predictor with select={clf.select} needs its 'selected' features (int64)")
             s = sel.numpy()
-            if s.size != min(int(clf.select), d) or (s.size and (s.min() < 0 or s.max() >= d)) or (np.diff(s) <= 0).any():
+            if (
+                s.size != min(int(clf.select), d)
+                or (s.size and (s.min() < 0 or s.max() >= d))
+                or (np.diff(s) <= 0).any()
+            ):
                 raise bad("'selected' must be increasing feature indices within range")
             clf.selected_ = s
             expected.add("selected")
@@ -585,7 +624,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         extra = set(tensors) - expected - set(shapes)
         if extra:
             raise bad(f"unexpected tensors {sorted(extra)[:5]}")
-        clf.network_ = _mlp(clf.selected_.size, clf.hidden_sizes, n_out)   # sizes checked against the file
-        clf.network_.load_state_dict({k[len("network."):]: tensors[k].float() for k in shapes})
+        clf.network_ = _mlp(clf.selected_.size, clf.hidden_sizes, n_out)  # sizes checked against the file
+        clf.network_.load_state_dict({k[len("network.") :]: tensors[k].float() for k in shapes})
         clf.network_.eval()
         return clf

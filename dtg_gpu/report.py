@@ -19,6 +19,7 @@ def _plt():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -122,8 +123,10 @@ def results_table(rows: Sequence[dict], markdown: bool = False) -> str:
 
 
 def _diverged(sf) -> list[bool]:
-    return [bool(ok) and (r.meta.get("status") == "diverged" or not np.isfinite(sf.stats[i].numpy()).all())
-            for i, (r, ok) in enumerate(zip(sf.runs, sf.usable))]
+    return [
+        bool(ok) and (r.meta.get("status") == "diverged" or not np.isfinite(sf.stats[i].numpy()).all())
+        for i, (r, ok) in enumerate(zip(sf.runs, sf.usable))
+    ]
 
 
 def _problem_runs(sf) -> str:
@@ -131,15 +134,20 @@ def _problem_runs(sf) -> str:
     (non-finite weights: insufficient by rule)."""
     parts = []
     if sf.failed:
-        items = "".join(f"<li><b>{html.escape(str(n))}</b>: {html.escape(str(why))}</li>"
-                        for n, why in sf.failed.items())
-        parts.append(f"<h2>Runs left out ({len(sf.failed)})</h2><p>These runs could not be read "
-                     f"or solved; they are in no score above.</p><ul>{items}</ul>")
+        items = "".join(
+            f"<li><b>{html.escape(str(n))}</b>: {html.escape(str(why))}</li>" for n, why in sf.failed.items()
+        )
+        parts.append(
+            f"<h2>Runs left out ({len(sf.failed)})</h2><p>These runs could not be read "
+            f"or solved; they are in no score above.</p><ul>{items}</ul>"
+        )
     diverged = [r.name for r, d in zip(sf.runs, _diverged(sf)) if d]
     if diverged:
-        parts.append(f"<h2>Diverged runs ({len(diverged)})</h2><p>Non-finite weights or loss during "
-                     "training: their features are NaN from that checkpoint on, and the predictor "
-                     "calls them insufficient by rule.</p><p>" + ", ".join(html.escape(str(n)) for n in diverged) + "</p>")
+        parts.append(
+            f"<h2>Diverged runs ({len(diverged)})</h2><p>Non-finite weights or loss during "
+            "training: their features are NaN from that checkpoint on, and the predictor "
+            "calls them insufficient by rule.</p><p>" + ", ".join(html.escape(str(n)) for n in diverged) + "</p>"
+        )
     return "\n".join(parts)
 
 
@@ -177,9 +185,15 @@ def runs_table_html(sf, verdicts: dict) -> str:
         acc = sf.accuracies[i]
         status = "left out" if not sf.usable[i] else ("diverged" if diverged[i] else "ok")
         cls = {"left out": "out", "diverged": "div"}.get(status, "")
-        tds = [cell(run.name), cell(run.meta.get("lr", "")), cell(run.meta.get("dropout", "")),
-               cell(run.meta.get("seed", "")), cell(f"{acc:.3f}" if np.isfinite(acc) else "–", acc),
-               cell({1: "sufficient", 0: "insufficient"}.get(int(label[i]), "–")), cell(status, cls=cls)]
+        tds = [
+            cell(run.name),
+            cell(run.meta.get("lr", "")),
+            cell(run.meta.get("dropout", "")),
+            cell(run.meta.get("seed", "")),
+            cell(f"{acc:.3f}" if np.isfinite(acc) else "–", acc),
+            cell({1: "sufficient", 0: "insufficient"}.get(int(label[i]), "–")),
+            cell(status, cls=cls),
+        ]
         for j in range(len(ks)):
             p = proba[i, j]
             if np.isfinite(p):
@@ -187,12 +201,15 @@ def runs_table_html(sf, verdicts: dict) -> str:
             else:
                 tds += [cell("–", -1), cell("–")]
         rows.append(f'<tr class="{cls}">' + "".join(tds) + "</tr>")
-    return (f'<table class="sortable"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    return (
+        f'<table class="sortable"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
-def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str,
-                 verdicts: dict | None = None) -> Path:
+def write_report(
+    out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str, verdicts: dict | None = None
+) -> Path:
     """Write ``out/index.html`` with the plots beside it; returns its path. With
     ``verdicts`` (:func:`dtg_gpu.workflow.run_verdicts`) the page opens with the table of
     runs, P(sufficient) and the verdict at each ``k``."""
@@ -207,11 +224,12 @@ def write_report(out: Path, sf, rows: Sequence[dict], example, headline: dict, t
     problems = _problem_runs(sf)
     runs_section = ""
     if verdicts is not None:
-        runs_section = ("<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the DTG "
-                        "features of its first k checkpoints, predicted by a model that did not see the run "
-                        "(5-fold cross-validation); verdict: continue at P &ge; 0.5. Click a column to sort. "
-                        "Diverged runs are shaded yellow, runs left out grey.</p>"
-                        + runs_table_html(sf, verdicts) + _SORT_JS)
+        runs_section = (
+            "<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the DTG "
+            "features of its first k checkpoints, predicted by a model that did not see the run "
+            "(5-fold cross-validation); verdict: continue at P &ge; 0.5. Click a column to sort. "
+            "Diverged runs are shaded yellow, runs left out grey.</p>" + runs_table_html(sf, verdicts) + _SORT_JS
+        )
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}img{{max-width:100%}}
 pre{{background:#f4f4f4;padding:1em}}table.sortable{{border-collapse:collapse;font-size:13px}}
@@ -228,7 +246,7 @@ repeated stratified 90/10 splits.</p>
 <h2>Centrality statistics over training</h2><img src="statistics_over_training.png">
 <h2>How early can we tell?</h2><img src="precision_auc_vs_k.png">
 <h2>ROC and confusion matrix</h2><img src="roc_confusion.png">
-{'<h2>Centrality per layer</h2><img src="centrality_per_layer.png">' if example is not None else ''}
+{'<h2>Centrality per layer</h2><img src="centrality_per_layer.png">' if example is not None else ""}
 {problems}
 </body></html>"""
     atomic_write(out / "index.html", doc)

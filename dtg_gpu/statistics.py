@@ -88,7 +88,7 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
     eps = torch.finfo(x.dtype).eps
     flat = m2 <= (eps * mean) ** 2
     nan = torch.full_like(m2, float("nan"))
-    skew = torch.where(flat, nan, m3 / m2 ** 1.5)
+    skew = torch.where(flat, nan, m3 / m2**1.5)
     kurt = torch.where(flat, nan, m4 / (m2 * m2) - 3.0)
     srt = x if mask is None else x.masked_fill(~mask, float("inf"))
     srt = srt.sort(dim=1).values

@@ -85,16 +85,22 @@ class SweepConfig:
         if not isinstance(self.model_kwargs, dict):
             raise ValueError(f"model_kwargs must be a dict, got {type(self.model_kwargs).__name__}")
         if self.checkpoint_unit == "epoch" and self.checkpoint_every > self.epochs:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} epochs is longer than the run "
-                             f"({self.epochs} epochs): no checkpoint would be saved")
+            raise ValueError(
+                f"checkpoint_every={self.checkpoint_every} epochs is longer than the run "
+                f"({self.epochs} epochs): no checkpoint would be saved"
+            )
         if self.checkpoint_unit not in ("epoch", "step"):
             raise ValueError(f"checkpoint_unit must be 'epoch' or 'step', got {self.checkpoint_unit!r}")
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
 
     def grid(self) -> list[dict[str, Any]]:
-        return [{"lr": float(lr), "dropout": float(d), "seed": s}
-                for lr in self.lrs for d in self.dropouts for s in range(int(self.seeds))]
+        return [
+            {"lr": float(lr), "dropout": float(d), "seed": s}
+            for lr in self.lrs
+            for d in self.dropouts
+            for s in range(int(self.seeds))
+        ]
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -123,27 +129,57 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _run_meta(cfg: SweepConfig, name: str, model_kwargs: dict, point: dict[str, Any],
-              checkpoints: list[dict[str, Any]], test_acc: float, test_loss: float,
-              diverged: bool, seconds: float) -> dict[str, Any]:
+def _run_meta(
+    cfg: SweepConfig,
+    name: str,
+    model_kwargs: dict,
+    point: dict[str, Any],
+    checkpoints: list[dict[str, Any]],
+    test_acc: float,
+    test_loss: float,
+    diverged: bool,
+    seconds: float,
+) -> dict[str, Any]:
     """The content of a finished run's ``run.json``."""
     if not checkpoints:
-        raise ValueError(f"{name}: training saved no checkpoint (checkpoint_every={cfg.checkpoint_every} "
-                         f"{cfg.checkpoint_unit}s is longer than the run); nothing is recorded as complete")
-    return {"name": name, "model": cfg.model, "model_kwargs": model_kwargs, "dataset": cfg.dataset,
-            "lr": point["lr"], "dropout": point["dropout"], "seed": point["seed"],
-            "epochs": int(cfg.epochs), "optimizer": cfg.optimizer, "batch_size": int(cfg.batch_size),
-            "checkpoint_every": cfg.checkpoint_every, "checkpoint_unit": cfg.checkpoint_unit,
-            "checkpoints": checkpoints, "final_accuracy": test_acc,
-            "test_loss": _finite_or_none(test_loss),
-            "status": "diverged" if diverged else "complete", "complete": True,
-            "seconds": round(seconds, 3)}
+        raise ValueError(
+            f"{name}: training saved no checkpoint (checkpoint_every={cfg.checkpoint_every} "
+            f"{cfg.checkpoint_unit}s is longer than the run); nothing is recorded as complete"
+        )
+    return {
+        "name": name,
+        "model": cfg.model,
+        "model_kwargs": model_kwargs,
+        "dataset": cfg.dataset,
+        "lr": point["lr"],
+        "dropout": point["dropout"],
+        "seed": point["seed"],
+        "epochs": int(cfg.epochs),
+        "optimizer": cfg.optimizer,
+        "batch_size": int(cfg.batch_size),
+        "checkpoint_every": cfg.checkpoint_every,
+        "checkpoint_unit": cfg.checkpoint_unit,
+        "checkpoints": checkpoints,
+        "final_accuracy": test_acc,
+        "test_loss": _finite_or_none(test_loss),
+        "status": "diverged" if diverged else "complete",
+        "complete": True,
+        "seconds": round(seconds, 3),
+    }
 
 
-def _checkpoint_record(name: str, epoch: int, step: int, val_acc: float, val_loss: float,
-                       train_loss: float, identity: dict[str, Any]) -> dict[str, Any]:
-    return {"file": name, "epoch": epoch, "step": step, "val_accuracy": val_acc,
-            "val_loss": _finite_or_none(val_loss), "train_loss": _finite_or_none(train_loss), **identity}
+def _checkpoint_record(
+    name: str, epoch: int, step: int, val_acc: float, val_loss: float, train_loss: float, identity: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "file": name,
+        "epoch": epoch,
+        "step": step,
+        "val_accuracy": val_acc,
+        "val_loss": _finite_or_none(val_loss),
+        "train_loss": _finite_or_none(train_loss),
+        **identity,
+    }
 
 
 @torch.no_grad()
@@ -151,20 +187,20 @@ def _evaluate(model, x, y, batch: int = 1024) -> tuple[float, float]:
     model.eval()
     correct, loss = 0, 0.0
     for i in range(0, len(x), batch):
-        out = model(x[i:i + batch])
-        loss += float(F.cross_entropy(out, y[i:i + batch], reduction="sum"))
-        correct += int((out.argmax(1) == y[i:i + batch]).sum())
+        out = model(x[i : i + batch])
+        loss += float(F.cross_entropy(out, y[i : i + batch], reduction="sum"))
+        correct += int((out.argmax(1) == y[i : i + batch]).sum())
     model.train()
     return correct / len(x), loss / len(x)
 
 
-def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path,
-              device: torch.device, progress: bool = False) -> dict[str, Any]:
+def train_run(
+    cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path, device: torch.device, progress: bool = False
+) -> dict[str, Any]:
     """Train one run of the grid into ``folder``; returns its ``run.json`` content."""
     started = time.time()
     torch.manual_seed(point["seed"])
-    kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels,
-                  dropout=point["dropout"], **cfg.model_kwargs)
+    kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=point["dropout"], **cfg.model_kwargs)
     model = build_model(cfg.model, **kwargs).to(device)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=point["lr"], momentum=cfg.momentum)
@@ -186,15 +222,17 @@ def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
         from tqdm.auto import tqdm
-        epochs = tqdm(epochs, desc=f"lr={point['lr']:g} drop={point['dropout']:g} seed={point['seed']}",
-                      leave=False, unit="epoch")
+
+        epochs = tqdm(
+            epochs, desc=f"lr={point['lr']:g} drop={point['dropout']:g} seed={point['seed']}", leave=False, unit="epoch"
+        )
     model.train()
     for epoch in epochs:
         order = torch.randperm(n, generator=gen).to(device)
         for i in range(0, n, bs):
             step += 1
             if not diverged:
-                idx = order[i:i + bs]
+                idx = order[i : i + bs]
                 loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
                 train_loss = float(loss.detach())
                 if not math.isfinite(train_loss):
@@ -209,19 +247,23 @@ def train_run(cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path
     if not diverged and any(not torch.isfinite(p).all() for p in model.parameters()):
         diverged = True
     test_acc, test_loss = _evaluate(model, *(t.to(device) for t in ds.test))
-    return _run_meta(cfg, folder.name, kwargs, point, checkpoints, test_acc, test_loss, diverged,
-                     time.time() - started)
+    return _run_meta(cfg, folder.name, kwargs, point, checkpoints, test_acc, test_loss, diverged, time.time() - started)
 
 
 def _groupable(cfg: SweepConfig, ds: Dataset) -> bool:
     """Runs can train together: plain SGD and a plain sequential CNN (see :mod:`.grouped`)."""
-    probe = build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels,
-                        **cfg.model_kwargs)
+    probe = build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels, **cfg.model_kwargs)
     return cfg.optimizer == "sgd" and sequential_layers(probe) is not None
 
 
-def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], folders: list[Path],
-                device: torch.device, progress: bool = False) -> list[dict[str, Any]]:
+def train_group(
+    cfg: SweepConfig,
+    ds: Dataset,
+    points: list[dict[str, Any]],
+    folders: list[Path],
+    device: torch.device,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
     r"""Train runs that share a seed at once, as one grouped network (:class:`.GroupedSequential`).
 
     As in :func:`train_run`, the seed fixes the initial weights and the mini-batch order, so
@@ -235,8 +277,10 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
     if len(seeds) != 1:
         raise ValueError(f"train_group needs runs of one seed, got seeds {sorted(seeds)}")
     seed = points[0]["seed"]
-    kwargs_of = [dict(num_classes=ds.num_classes, in_channels=ds.in_channels,
-                      dropout=pt["dropout"], **cfg.model_kwargs) for pt in points]
+    kwargs_of = [
+        dict(num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=pt["dropout"], **cfg.model_kwargs)
+        for pt in points
+    ]
     models = []
     for kw in kwargs_of:
         torch.manual_seed(seed)
@@ -259,7 +303,7 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
 
     @torch.no_grad()
     def evaluate(x, y):
-        out = torch.cat([net.forward(x[i:i + 1024], train=False) for i in range(0, len(x), 1024)], 1)
+        out = torch.cat([net.forward(x[i : i + 1024], train=False) for i in range(0, len(x), 1024)], 1)
         acc = (out.argmax(-1) == y).float().mean(1)
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.repeat(m), reduction="none")
         return acc.tolist(), loss.view(m, -1).mean(1).tolist()
@@ -270,23 +314,22 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
         for j in range(m):
             name = f"ckpt-{len(records[j]) + 1:04d}.safetensors"
             identity = _save_state(net.state(j), folders[j] / name)
-            records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j],
-                                                 train_losses[j], identity))
+            records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j], train_losses[j], identity))
 
     epochs = range(1, int(cfg.epochs) + 1)
     if progress:
         from tqdm.auto import tqdm
+
         epochs = tqdm(epochs, desc=f"{m} runs, seed={seed}", leave=False, unit="epoch")
     keys = list(params)
     for epoch in epochs:
         order = torch.randperm(n, generator=gen).to(device)
         for i in range(0, n, bs):
             step += 1
-            idx = order[i:i + bs]
+            idx = order[i : i + bs]
             out = net.forward(xtr[idx])  # [m, B, classes]
             yb = ytr[idx]
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.repeat(m),
-                                   reduction="none").view(m, -1).mean(1)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.repeat(m), reduction="none").view(m, -1).mean(1)
             grads = torch.autograd.grad(loss.sum(), [params[k] for k in keys])
             with torch.no_grad():
                 for k, g in zip(keys, grads):
@@ -303,9 +346,15 @@ def train_group(cfg: SweepConfig, ds: Dataset, points: list[dict[str, Any]], fol
     diverged = diverged.tolist()
     test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))
     seconds = (time.time() - started) / m
-    return [{**_run_meta(cfg, folders[j].name, kwargs_of[j], pt, records[j], test_acc[j],
-                         test_loss[j], diverged[j], seconds), "trained_with": "grouped"}
-            for j, pt in enumerate(points)]
+    return [
+        {
+            **_run_meta(
+                cfg, folders[j].name, kwargs_of[j], pt, records[j], test_acc[j], test_loss[j], diverged[j], seconds
+            ),
+            "trained_with": "grouped",
+        }
+        for j, pt in enumerate(points)
+    ]
 
 
 _MALLOC_TUNED = False
@@ -333,6 +382,7 @@ def tune_cpu_malloc() -> bool:
         return False
     try:
         import ctypes
+
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
         ok = bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 1 << 31))
@@ -375,15 +425,26 @@ def _state_of(folder: Path) -> str:
         if size is None:
             return f"{f}: checkpoint file missing"
         if "bytes" in c and c["bytes"] != size:
-            return (f"{f}: {size} bytes, run.json recorded {c['bytes']} (damaged or truncated; "
-                    "rerun the sweep to retrain the run)")
+            return (
+                f"{f}: {size} bytes, run.json recorded {c['bytes']} (damaged or truncated; "
+                "rerun the sweep to retrain the run)"
+            )
     return "complete"
 
 
-def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None = None,
-              download: bool = False, device: str | torch.device | None = None,
-              progress: bool = True, dataset: Dataset | None = None,
-              group_size: int = 32, executor: str = "local", address: str | None = None) -> Path:
+def run_sweep(
+    cfg: SweepConfig,
+    out: str | os.PathLike,
+    *,
+    data_root: str | None = None,
+    download: bool = False,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    dataset: Dataset | None = None,
+    group_size: int = 32,
+    executor: str = "local",
+    address: str | None = None,
+) -> Path:
     r"""Train every run of the grid into ``out`` (resumable).
 
     Parameters
@@ -431,9 +492,12 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
     out = Path(out)
     grid = cfg.grid()
     names = [f"run-{i:04d}" for i in range(len(grid))]
-    manifest = {"format": "dtg_gpu.sweep/1", "config": asdict(cfg), "runs": names,
-                "grid": {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)),
-                         "seeds": int(cfg.seeds)}}
+    manifest = {
+        "format": "dtg_gpu.sweep/1",
+        "config": asdict(cfg),
+        "runs": names,
+        "grid": {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)), "seeds": int(cfg.seeds)},
+    }
     manifest["config"]["lrs"] = list(map(float, cfg.lrs))
     manifest["config"]["dropouts"] = list(map(float, cfg.dropouts))
     path = out / "sweep.json"
@@ -448,16 +512,27 @@ def run_sweep(cfg: SweepConfig, out: str | os.PathLike, *, data_root: str | None
     dev = resolve_device(device) if executor == "local" else torch.device("cpu")
     out.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(out):
-        if path.is_file():   # another process may have written it since
+        if path.is_file():  # another process may have written it since
             _check_same_sweep(out, path, manifest)
         _write_json(path, manifest)
         # under the lock: what is complete now is final; only unfinished folders are redone
         todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name)]
         if todo and executor == "ray":
             from .integrations.ray_cluster import train_batches
-            train_batches(cfg, _batches(cfg, ds, todo, group_size), out, device=device, data_root=data_root,
-                          download=download, dataset=dataset, progress=progress, address=address,
-                          done=len(grid) - len(todo), total=len(grid))
+
+            train_batches(
+                cfg,
+                _batches(cfg, ds, todo, group_size),
+                out,
+                device=device,
+                data_root=data_root,
+                download=download,
+                dataset=dataset,
+                progress=progress,
+                address=address,
+                done=len(grid) - len(todo),
+                total=len(grid),
+            )
         elif todo:
             _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size)
     return out
@@ -468,26 +543,31 @@ def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
     old = read_manifest(path)
     if isinstance(old, dict) and old.get("config") == manifest["config"]:
         return
-    started = any((out / n).exists() for n in (old.get("runs", []) if isinstance(old, dict) else [])
-                  if isinstance(n, str) and "/" not in n and n not in ("", ".", ".."))
+    started = any(
+        (out / n).exists()
+        for n in (old.get("runs", []) if isinstance(old, dict) else [])
+        if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")
+    )
     if started:
-        raise ValueError(f"{out} already holds a different sweep (sweep.json differs); "
-                         "choose another --out folder")
+        raise ValueError(f"{out} already holds a different sweep (sweep.json differs); choose another --out folder")
 
 
 def _check_trainable(cfg: SweepConfig, ds: Dataset) -> None:
     """What needs the dataset: the model builds with these kwargs, and a run saves a checkpoint."""
     try:
         with torch.device("meta"):
-            build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels,
-                        dropout=0.0, **cfg.model_kwargs)
+            build_model(
+                cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=0.0, **cfg.model_kwargs
+            )
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ValueError(f"cannot build {cfg.model!r} with model_kwargs {cfg.model_kwargs}: {exc}") from None
     steps = cfg.epochs * -(-len(ds.train[0]) // cfg.batch_size)
     total = steps if cfg.checkpoint_unit == "step" else cfg.epochs
     if cfg.checkpoint_every > total:
-        raise ValueError(f"checkpoint_every={cfg.checkpoint_every} {cfg.checkpoint_unit}s is longer than "
-                         f"the run ({total} {cfg.checkpoint_unit}s): no checkpoint would be saved")
+        raise ValueError(
+            f"checkpoint_every={cfg.checkpoint_every} {cfg.checkpoint_unit}s is longer than "
+            f"the run ({total} {cfg.checkpoint_unit}s): no checkpoint would be saved"
+        )
 
 
 @contextmanager
@@ -497,7 +577,7 @@ def _sweep_lock(out: Path):
     same folder is refused instead of deleting the first one's runs."""
     try:
         import fcntl
-    except ImportError:   # not POSIX: no lock
+    except ImportError:  # not POSIX: no lock
         yield
         return
     lock = out / ".dtg-sweep.lock"
@@ -506,8 +586,10 @@ def _sweep_lock(out: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise SweepLockedError(f"{out}: another process is training this sweep (it holds {lock.name}); "
-                                   "wait for it to finish, or choose another --out") from None
+            raise SweepLockedError(
+                f"{out}: another process is training this sweep (it holds {lock.name}); "
+                "wait for it to finish, or choose another --out"
+            ) from None
         yield
     finally:
         os.close(fd)
@@ -520,12 +602,13 @@ def _batches(cfg: SweepConfig, ds: Dataset, todo: list, group_size: int) -> list
         by_seed: dict[int, list] = {}
         for item in todo:
             by_seed.setdefault(item[1]["seed"], []).append(item)
-        return [g[i:i + group_size] for g in by_seed.values() for i in range(0, len(g), group_size)]
+        return [g[i : i + group_size] for g in by_seed.values() for i in range(0, len(g), group_size)]
     return [[item] for item in todo]
 
 
-def train_batch(cfg: SweepConfig, ds: Dataset, batch: list, out: Path, dev: torch.device,
-                progress: bool = False) -> list[str]:
+def train_batch(
+    cfg: SweepConfig, ds: Dataset, batch: list, out: Path, dev: torch.device, progress: bool = False
+) -> list[str]:
     """Train one batch of ``(name, point)`` runs into ``out/name`` from scratch (an unfinished
     folder left by a killed attempt is cleared first) and write each ``run.json`` last,
     atomically: what a local sweep runs per batch, and a Ray task of ``dtg sweep --ray``."""
@@ -551,6 +634,7 @@ def _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size) -> None:
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(grid), initial=len(grid) - len(todo), desc="sweep", unit="run")
     try:
         for batch in _batches(cfg, ds, todo, group_size):
@@ -573,8 +657,9 @@ class SweepRuns(list):
         self.path: Path | None = Path(path) if path is not None else None
 
 
-def load_sweep(path: str | os.PathLike, *, strict: bool = False, model: "torch.nn.Module | None" = None,
-               prefix: str | None = None) -> SweepRuns:
+def load_sweep(
+    path: str | os.PathLike, *, strict: bool = False, model: "torch.nn.Module | None" = None, prefix: str | None = None
+) -> SweepRuns:
     """The complete runs of a sweep folder, in grid order.
 
     Unfinished runs are skipped with a warning. A complete run whose folder cannot be read
@@ -614,13 +699,15 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False, model: "torch.n
     if not manifest.is_file() and model is not None and path.is_dir():
         return _load_run_folders(path, model, prefix, strict)
     if not manifest.is_file():
-        raise FileNotFoundError(f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)? "
-                                "(a folder of your own run folders needs model=... / --model)")
+        raise FileNotFoundError(
+            f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)? "
+            "(a folder of your own run folders needs model=... / --model)"
+        )
     meta = read_manifest(manifest)
     if not isinstance(meta, dict) or not isinstance(meta.get("runs"), list):
         raise CheckpointError(f"{manifest}: expected an object with a list 'runs' of run folder names")
     names = meta["runs"]
-    for i, n in enumerate(names):   # every run folder inside the sweep folder, by name
+    for i, n in enumerate(names):  # every run folder inside the sweep folder, by name
         confined_path(path, n, what=f"{manifest}: runs[{i}]")
         if not isinstance(n, str) or "/" in n or "\\" in n or n in (".", ".."):
             raise CheckpointError(f"{manifest}: runs[{i}] must be a folder name inside {path}, got {n!r}")
@@ -628,10 +715,13 @@ def load_sweep(path: str | os.PathLike, *, strict: bool = False, model: "torch.n
     done = [n for n in names if states[n] == "complete"]
     unfinished = [n for n in names if states[n] == "unfinished"]
     if unfinished:
-        warnings.warn(f"{path}: {len(unfinished)} of {len(names)} runs are unfinished "
-                      "and skipped; rerun the sweep to complete them", DTGWarning, stacklevel=2)
-    runs = SweepRuns(failed={n: why for n, why in states.items() if why not in ("complete", "unfinished")},
-                     path=path)
+        warnings.warn(
+            f"{path}: {len(unfinished)} of {len(names)} runs are unfinished "
+            "and skipped; rerun the sweep to complete them",
+            DTGWarning,
+            stacklevel=2,
+        )
+    runs = SweepRuns(failed={n: why for n, why in states.items() if why not in ("complete", "unfinished")}, path=path)
     if runs.failed and strict:
         raise CheckpointError(next(iter(runs.failed.values())))
     for n in done:
@@ -652,11 +742,12 @@ def _load_run_folders(path: Path, model, prefix: str | None, strict: bool) -> Sw
     from .engine import READ_ERRORS
 
     runs = SweepRuns(path=path)
-    for sub in sorted((d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")),
-                      key=lambda d: _natural_key(d.name)):
+    for sub in sorted(
+        (d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: _natural_key(d.name)
+    ):
         try:
             if not (sub / "run.json").is_file() and not _scan_checkpoints(sub):
-                continue   # not a run folder
+                continue  # not a run folder
             runs.append(Run.from_dir(sub, model=model, prefix=prefix))
         except READ_ERRORS as exc:
             if strict:

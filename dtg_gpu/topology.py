@@ -43,8 +43,16 @@ __all__ = ["WeightLayer", "ChannelTopology", "channel_topology"]
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _PARAM_OK = (
-    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.LayerNorm,
-    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.PReLU, nn.LocalResponseNorm,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.PReLU,
+    nn.LocalResponseNorm,
 )
 
 
@@ -199,8 +207,7 @@ class ChannelTopology:
     def signature(self) -> tuple:
         """A hashable key: two models with equal signatures share every graph index."""
         return (self.num_nodes,) + tuple(
-            (l.param, l.weight_shape, l.groups, l.spatial,
-             tuple(l.out_nodes.tolist()), tuple(l.in_nodes.tolist()))
+            (l.param, l.weight_shape, l.groups, l.spatial, tuple(l.out_nodes.tolist()), tuple(l.in_nodes.tolist()))
             for l in self.layers
         )
 
@@ -219,8 +226,9 @@ class ChannelTopology:
             out, cin = layer.block_shape
             opg = out // layer.groups
             for g in range(layer.groups):
-                members = torch.cat([layer.out_nodes[g * opg:(g + 1) * opg],
-                                     layer.in_nodes[g * cin:(g + 1) * cin]]).tolist()
+                members = torch.cat(
+                    [layer.out_nodes[g * opg : (g + 1) * opg], layer.in_nodes[g * cin : (g + 1) * cin]]
+                ).tolist()
                 root = find(members[0])
                 for m in members[1:]:
                     parent[find(m)] = root
@@ -284,8 +292,8 @@ class _Cell:
 class _Val:
     cell: _Cell
     flat: bool = False
-    split: tuple | None = None   # the channel dim viewed as several dims (channel shuffle)
-    via: str | None = None       # a layout op passed on the way whose channel mapping is assumed
+    split: tuple | None = None  # the channel dim viewed as several dims (channel shuffle)
+    via: str | None = None  # a layout op passed on the way whose channel mapping is assumed
 
 
 class _Pieces(list):
@@ -313,12 +321,15 @@ def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
 
         def effective(*tensors, _plist=plist, _names=tuple(names)):
             return torch.func.functional_call(_plist, dict(zip(_names, tensors)), ())
+
         return sources, shapes, effective
     g, v = getattr(module, "weight_g", None), getattr(module, "weight_v", None)
     if isinstance(g, torch.Tensor) and isinstance(v, torch.Tensor):
-        def legacy(weight_g, weight_v):   # torch.nn.utils.weight_norm with dim=0
+
+        def legacy(weight_g, weight_v):  # torch.nn.utils.weight_norm with dim=0
             norm = torch.linalg.vector_norm(weight_v.reshape(weight_v.shape[0], -1), dim=1)
             return weight_v * (weight_g.reshape(-1) / norm).reshape((-1,) + (1,) * (weight_v.dim() - 1))
+
         return (f"{prefix}weight_g", f"{prefix}weight_v"), (tuple(g.shape), tuple(v.shape)), legacy
     return (), (), None
 
@@ -357,13 +368,47 @@ class _Builder:
         if sources:
             param = sources[0]
         if kind == "conv":
-            return self.add(name, param, kind, tuple(w.shape), module.in_channels, module.out_channels,
-                            module.groups, val, sources, shapes, effective)
-        return self.add(name, param, kind, tuple(w.shape), module.in_features, module.out_features, 1, val,
-                        sources, shapes, effective)
+            return self.add(
+                name,
+                param,
+                kind,
+                tuple(w.shape),
+                module.in_channels,
+                module.out_channels,
+                module.groups,
+                val,
+                sources,
+                shapes,
+                effective,
+            )
+        return self.add(
+            name,
+            param,
+            kind,
+            tuple(w.shape),
+            module.in_features,
+            module.out_features,
+            1,
+            val,
+            sources,
+            shapes,
+            effective,
+        )
 
-    def add(self, name: str, param: str, kind: str, weight_shape: tuple, cin: int, out: int, groups: int,
-            val: _Val, sources: tuple = (), source_shapes: tuple = (), effective: Any = None) -> _Val:
+    def add(
+        self,
+        name: str,
+        param: str,
+        kind: str,
+        weight_shape: tuple,
+        cin: int,
+        out: int,
+        groups: int,
+        val: _Val,
+        sources: tuple = (),
+        source_shapes: tuple = (),
+        effective: Any = None,
+    ) -> _Val:
         spatial = 1
         if val.cell.ids is None:  # the model input: its size is fixed by its first consumer
             val.cell.ids = self.alloc(cin, "input")
@@ -371,17 +416,35 @@ class _Builder:
         if kind == "linear" and len(ids) != cin and val.flat and cin % len(ids) == 0:
             spatial, cin = cin // len(ids), len(ids)
         if len(ids) != cin:
-            what = (f"layer {name!r} (Linear, in_features={cin})" if kind == "linear"
-                    else f"layer {name!r} (in_channels={cin})")
+            what = (
+                f"layer {name!r} (Linear, in_features={cin})"
+                if kind == "linear"
+                else f"layer {name!r} (in_channels={cin})"
+            )
             if val.via is not None:
                 raise TopologyError(
                     f"{what} consumes a value that came through {val.via}: dtg_gpu cannot follow the "
-                    "channels through that operation (unsupported; see docs/concepts.md)")
-            raise TopologyError(f"{what} expects {cin} input channels but its input carries {len(ids)}"
-                                + ("; in_features is not a multiple of it" if kind == "linear" else ""))
-        self.layers.append(dict(name=name, param=param, kind=kind, weight_shape=tuple(weight_shape),
-                                out=None, in_=ids, groups=groups, spatial=spatial, sources=tuple(sources),
-                                source_shapes=tuple(source_shapes), effective=effective))
+                    "channels through that operation (unsupported; see docs/concepts.md)"
+                )
+            raise TopologyError(
+                f"{what} expects {cin} input channels but its input carries {len(ids)}"
+                + ("; in_features is not a multiple of it" if kind == "linear" else "")
+            )
+        self.layers.append(
+            dict(
+                name=name,
+                param=param,
+                kind=kind,
+                weight_shape=tuple(weight_shape),
+                out=None,
+                in_=ids,
+                groups=groups,
+                spatial=spatial,
+                sources=tuple(sources),
+                source_shapes=tuple(source_shapes),
+                effective=effective,
+            )
+        )
         out_ids = self.alloc(out, name)
         self.layers[-1]["out"] = out_ids
         return _Val(_Cell(out_ids), flat=(kind == "linear"))
@@ -400,23 +463,47 @@ class _Builder:
         rank[order] = np.arange(len(order))
         node_of = rank[roots]
         layers = tuple(
-            WeightLayer(name=l["name"], param=l["param"], kind=l["kind"],
-                        weight_shape=l["weight_shape"],
-                        out_nodes=torch.as_tensor(node_of[l["out"]], dtype=torch.long),
-                        in_nodes=torch.as_tensor(node_of[l["in_"]], dtype=torch.long),
-                        groups=l["groups"], spatial=l["spatial"], sources=l.get("sources", ()),
-                        source_shapes=l.get("source_shapes", ()), effective=l.get("effective"))
-            for l in self.layers)
+            WeightLayer(
+                name=l["name"],
+                param=l["param"],
+                kind=l["kind"],
+                weight_shape=l["weight_shape"],
+                out_nodes=torch.as_tensor(node_of[l["out"]], dtype=torch.long),
+                in_nodes=torch.as_tensor(node_of[l["in_"]], dtype=torch.long),
+                groups=l["groups"],
+                spatial=l["spatial"],
+                sources=l.get("sources", ()),
+                source_shapes=l.get("source_shapes", ()),
+                effective=l.get("effective"),
+            )
+            for l in self.layers
+        )
         owner = tuple(self.owner[r] for r in order)
-        return ChannelTopology(layers=layers, num_nodes=len(order), node_owner=owner, traced=traced,
-                               coverage_rows=coverage)
+        return ChannelTopology(
+            layers=layers, num_nodes=len(order), node_owner=owner, traced=traced, coverage_rows=coverage
+        )
 
 
 # binary elementwise ops: two operands that carry channel spaces of the same width are the same
 # nodes (residual addition, x * gate in squeeze-and-excitation, maximum); never operand order
-_ADD = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub,
-        operator.mul, operator.imul, torch.mul, operator.truediv, operator.itruediv, torch.div,
-        torch.maximum, torch.minimum, torch.fmax, torch.fmin}
+_ADD = {
+    operator.add,
+    operator.iadd,
+    operator.sub,
+    operator.isub,
+    torch.add,
+    torch.sub,
+    operator.mul,
+    operator.imul,
+    torch.mul,
+    operator.truediv,
+    operator.itruediv,
+    torch.div,
+    torch.maximum,
+    torch.minimum,
+    torch.fmax,
+    torch.fmin,
+}
 _ADD_METHODS = {"add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "maximum", "minimum"}
 _FLATTEN_FN = {torch.flatten}
 _RESHAPE_METHODS = {"view", "reshape", "flatten"}
@@ -424,10 +511,33 @@ _NO_CHANNEL_METHODS = {"size", "dim", "numel", "type", "__len__"}
 _SDPA = nn.functional.scaled_dot_product_attention
 _MATMUL = {torch.matmul, operator.matmul, torch.bmm, torch.mm}
 _MATMUL_METHODS = {"matmul", "bmm", "mm", "__matmul__"}
-_LAYOUT_METHODS = {"transpose", "permute", "view", "reshape", "movedim", "swapaxes", "unflatten", "mT", "t",
-                   "unbind", "flip", "roll"}
-_LAYOUT_FNS = {torch.transpose, torch.permute, torch.reshape, torch.movedim, torch.swapaxes, torch.unflatten,
-               torch.einsum, torch.unbind, torch.roll, torch.flip, torch.t}
+_LAYOUT_METHODS = {
+    "transpose",
+    "permute",
+    "view",
+    "reshape",
+    "movedim",
+    "swapaxes",
+    "unflatten",
+    "mT",
+    "t",
+    "unbind",
+    "flip",
+    "roll",
+}
+_LAYOUT_FNS = {
+    torch.transpose,
+    torch.permute,
+    torch.reshape,
+    torch.movedim,
+    torch.swapaxes,
+    torch.unflatten,
+    torch.einsum,
+    torch.unbind,
+    torch.roll,
+    torch.flip,
+    torch.t,
+}
 _CARRY_ATTR = {"expand", "expand_as", "repeat", "to", "type_as", "contiguous", "float", "half", "clone"}
 
 
@@ -467,7 +577,8 @@ def _is_flatten(node: torch.fx.Node) -> bool:
         start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
         return start == 1
     if node.op in ("call_method", "call_function") and (
-            node.target in ("view", "reshape") or node.target is torch.reshape):
+        node.target in ("view", "reshape") or node.target is torch.reshape
+    ):
         shape = node.args[1:]
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
@@ -475,8 +586,7 @@ def _is_flatten(node: torch.fx.Node) -> bool:
     return False
 
 
-_CONV_FNS = {torch.conv1d, torch.conv2d, torch.conv3d, nn.functional.conv1d, nn.functional.conv2d,
-             nn.functional.conv3d}
+_CONV_FNS = {torch.conv1d, torch.conv2d, torch.conv3d, nn.functional.conv1d, nn.functional.conv2d, nn.functional.conv3d}
 _LINEAR_FNS = {nn.functional.linear, torch._C._nn.linear}
 
 
@@ -546,14 +656,15 @@ class _Rows:
         self.start, self.stop = start, stop
 
     def __call__(self, w: torch.Tensor) -> torch.Tensor:
-        return w[self.start:self.stop]
+        return w[self.start : self.stop]
 
     def __repr__(self) -> str:
         return f"rows[{self.start}:{self.stop}]"
 
 
-def _attention(builder: "_Builder", name: str, mod: nn.MultiheadAttention, node: torch.fx.Node,
-               vals: dict) -> "_Pieces":
+def _attention(
+    builder: "_Builder", name: str, mod: nn.MultiheadAttention, node: torch.fx.Node, vals: dict
+) -> "_Pieces":
     r"""``nn.MultiheadAttention`` as the method says: its in-projection (the q, k and v blocks of
     ``in_proj_weight``, or ``q/k/v_proj_weight``) and ``out_proj``.
 
@@ -562,6 +673,7 @@ def _attention(builder: "_Builder", name: str, mod: nn.MultiheadAttention, node:
     projection's nodes, head by head in order, and ``out_proj`` maps them to its own. The
     module's output is ``(attn_output, attn_weights)``; the weights carry no channels.
     """
+
     def arg(i: int, key: str) -> _Val:
         a = node.args[i] if len(node.args) > i else node.kwargs.get(key)
         v = vals.get(a) if isinstance(a, torch.fx.Node) else None
@@ -572,8 +684,9 @@ def _attention(builder: "_Builder", name: str, mod: nn.MultiheadAttention, node:
     return _Pieces([_attention_of(builder, name, mod, arg(0, "query"), arg(1, "key"), arg(2, "value")), None])
 
 
-def _attention_of(builder: "_Builder", name: str, mod: nn.MultiheadAttention, query: "_Val", key: "_Val",
-                  value: "_Val") -> "_Val":
+def _attention_of(
+    builder: "_Builder", name: str, mod: nn.MultiheadAttention, query: "_Val", key: "_Val", value: "_Val"
+) -> "_Val":
     """The layers of one ``nn.MultiheadAttention`` (see :func:`_attention`); its output value."""
     d, prefix = mod.embed_dim, f"{name}." if name else ""
     if mod.in_proj_weight is not None:
@@ -581,13 +694,39 @@ def _attention_of(builder: "_Builder", name: str, mod: nn.MultiheadAttention, qu
         shape = tuple(mod.in_proj_weight.shape)
         blocks = []
         for j, (part, v) in enumerate((("q", query), ("k", key), ("v", value))):
-            blocks.append(builder.add(f"{prefix}in_proj.{part}", f"{src}[{part}]", "linear", (d, d), d, d, 1, v,
-                                      (src,), (shape,), _Rows(j * d, (j + 1) * d)))
+            blocks.append(
+                builder.add(
+                    f"{prefix}in_proj.{part}",
+                    f"{src}[{part}]",
+                    "linear",
+                    (d, d),
+                    d,
+                    d,
+                    1,
+                    v,
+                    (src,),
+                    (shape,),
+                    _Rows(j * d, (j + 1) * d),
+                )
+            )
     else:
-        blocks = [builder.add(f"{prefix}{part}_proj", f"{prefix}{part}_proj_weight", "linear",
-                              tuple(w.shape), w.shape[1], w.shape[0], 1, v)
-                  for part, w, v in (("q", mod.q_proj_weight, query), ("k", mod.k_proj_weight, key),
-                                     ("v", mod.v_proj_weight, value))]
+        blocks = [
+            builder.add(
+                f"{prefix}{part}_proj",
+                f"{prefix}{part}_proj_weight",
+                "linear",
+                tuple(w.shape),
+                w.shape[1],
+                w.shape[0],
+                1,
+                v,
+            )
+            for part, w, v in (
+                ("q", mod.q_proj_weight, query),
+                ("k", mod.k_proj_weight, key),
+                ("v", mod.v_proj_weight, value),
+            )
+        ]
     return builder.add_layer(f"{prefix}out_proj", mod.out_proj, _Val(blocks[2].cell), "linear")
 
 
@@ -627,11 +766,18 @@ def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = fr
         if name in plain:
             row = ("graphed", "an edge weight of the channel graph")
         elif name in computed:
-            row = ("graphed", "enters the effective weight of layer" + ("s " if len(computed[name]) > 1 else " ")
-                   + ", ".join(repr(n) for n in computed[name]))
+            row = (
+                "graphed",
+                "enters the effective weight of layer"
+                + ("s " if len(computed[name]) > 1 else " ")
+                + ", ".join(repr(n) for n in computed[name]),
+            )
         elif name in joined and p.dim() >= 2:
-            row = ("embedding", "added to or joined with the activations or the attention scores (a position "
-                                "embedding, a class token, a relative position bias): not an edge")
+            row = (
+                "embedding",
+                "added to or joined with the activations or the attention scores (a position "
+                "embedding, a class token, a relative position bias): not an edge",
+            )
         elif p.dim() <= 1 and "bias" in name.rsplit(".", 1)[-1]:
             row = ("bias", "biases are not edges")
         elif isinstance(owner, _PARAM_OK) or sum(d > 1 for d in p.shape) <= 1:
@@ -644,8 +790,12 @@ def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = fr
     return tuple(rows)
 
 
-_ARITH = {operator.floordiv: operator.floordiv, operator.mul: operator.mul, operator.add: operator.add,
-          operator.sub: operator.sub}
+_ARITH = {
+    operator.floordiv: operator.floordiv,
+    operator.mul: operator.mul,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+}
 
 
 def _const(a: Any, consts: dict) -> Any:
@@ -681,7 +831,13 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
             consts[node] = _SizeOf(src)
         vals[node] = None
         return True
-    if op == "call_function" and target is getattr and len(node.args) > 1 and node.args[1] == "shape" and isinstance(src, _Val):
+    if (
+        op == "call_function"
+        and target is getattr
+        and len(node.args) > 1
+        and node.args[1] == "shape"
+        and isinstance(src, _Val)
+    ):
         consts[node], vals[node] = _SizeOf(src), None
         return True
     if op == "call_function" and target is operator.getitem and isinstance(consts.get(raw), _SizeOf):
@@ -689,19 +845,33 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
         consts[node] = len(v.cell.ids) if node.args[1] == 1 and v.cell.ids is not None and v.split is None else None
         vals[node] = None
         return True
-    if op == "call_function" and target in _ARITH and any(isinstance(a, torch.fx.Node) and a in consts for a in node.args):
+    if (
+        op == "call_function"
+        and target in _ARITH
+        and any(isinstance(a, torch.fx.Node) and a in consts for a in node.args)
+    ):
         xs = [_const(a, consts) for a in node.args[:2]]
-        consts[node] = _ARITH[target](*xs) if None not in xs and not (target is operator.floordiv and xs[1] == 0) else None
+        consts[node] = (
+            _ARITH[target](*xs) if None not in xs and not (target is operator.floordiv and xs[1] == 0) else None
+        )
         vals[node] = None
         return True
     if not isinstance(src, _Val) or src.cell.ids is None:
         return False
     ids = src.cell.ids
     # slicing along the channel dim
-    if src.split is None and ((op == "call_method" and target in ("chunk", "split")) or (
-            op == "call_function" and target in (torch.chunk, torch.split))) and _dim1(node, 2):
+    if (
+        src.split is None
+        and (
+            (op == "call_method" and target in ("chunk", "split"))
+            or (op == "call_function" and target in (torch.chunk, torch.split))
+        )
+        and _dim1(node, 2)
+    ):
         n = len(ids)
-        spec = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks", node.kwargs.get("split_size_or_sections"))
+        spec = (
+            node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks", node.kwargs.get("split_size_or_sections"))
+        )
         if target in ("chunk", torch.chunk):
             size = -(-n // spec)
             sizes = [min(size, n - i) for i in range(0, n, size)]
@@ -715,7 +885,7 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
     if op == "call_method" and target == "narrow" and src.split is None and node.args[1] == 1:
         start, length = _const(node.args[2], consts), _const(node.args[3], consts)
         if start is not None and length is not None:
-            vals[node] = _Val(_Cell(ids[start:start + length]))
+            vals[node] = _Val(_Cell(ids[start : start + length]))
             return True
     if op == "call_function" and target is operator.getitem:
         index = node.args[1]
@@ -732,30 +902,42 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
             shape = list(shape[0])
         dims = [_const(d, consts) for d in shape[1:]]
         if src.split is not None:
-            if dims and (dims[0] == -1 or dims[0] == len(ids)):   # the split dims merged back
+            if dims and (dims[0] == -1 or dims[0] == len(ids)):  # the split dims merged back
                 vals[node] = _Val(_Cell(ids))
                 return True
-            raise TopologyError(f"{_describe(node)}: a reshape of a split channel dimension "
-                                "that dtg_gpu cannot follow; its channel mapping is unknown")
-        if len(dims) >= 3 and dims[0] is not None and dims[1] is not None and dims[0] > 1 \
-                and dims[0] * dims[1] == len(ids):
+            raise TopologyError(
+                f"{_describe(node)}: a reshape of a split channel dimension "
+                "that dtg_gpu cannot follow; its channel mapping is unknown"
+            )
+        if (
+            len(dims) >= 3
+            and dims[0] is not None
+            and dims[1] is not None
+            and dims[0] > 1
+            and dims[0] * dims[1] == len(ids)
+        ):
             vals[node] = _Val(_Cell(ids), split=(dims[0], dims[1]))
             return True
         return False
-    if src.split is not None and ((op == "call_function" and target is torch.transpose) or (
-            op == "call_method" and target in ("transpose", "permute"))):
+    if src.split is not None and (
+        (op == "call_function" and target is torch.transpose)
+        or (op == "call_method" and target in ("transpose", "permute"))
+    ):
         k = len(src.split)
         if target == "permute":
             perm = list(node.args[1:]) if not isinstance(node.args[1], (tuple, list)) else list(node.args[1])
-            chan = [p - 1 for p in perm[1:k + 1]]
+            chan = [p - 1 for p in perm[1 : k + 1]]
             if perm[0] != 0 or sorted(chan) != list(range(k)):
-                raise TopologyError(f"{_describe(node)}: a permute that moves the channel dimension; "
-                                    "its channel mapping is unknown")
+                raise TopologyError(
+                    f"{_describe(node)}: a permute that moves the channel dimension; its channel mapping is unknown"
+                )
         else:
             a, b = node.args[1], node.args[2]
             if not (1 <= a <= k and 1 <= b <= k):
-                raise TopologyError(f"{_describe(node)}: a transpose of a split channel dimension with "
-                                    "a spatial one; its channel mapping is unknown")
+                raise TopologyError(
+                    f"{_describe(node)}: a transpose of a split channel dimension with "
+                    "a spatial one; its channel mapping is unknown"
+                )
             chan = list(range(k))
             chan[a - 1], chan[b - 1] = chan[b - 1], chan[a - 1]
         grid = ids.reshape(src.split).transpose(chan)
@@ -784,8 +966,8 @@ def _trace(model: nn.Module) -> ChannelTopology:
     vals: dict[torch.fx.Node, _Val | None] = {}
     consts: dict[torch.fx.Node, Any] = {}
     first_input = True
-    attr_of: dict[torch.fx.Node, str] = {}   # a parameter, maybe expanded or cast
-    joined: set[str] = set()                 # parameters added to / joined with activations
+    attr_of: dict[torch.fx.Node, str] = {}  # a parameter, maybe expanded or cast
+    joined: set[str] = set()  # parameters added to / joined with activations
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             vals[node] = _Val(_Cell()) if first_input else None
@@ -796,19 +978,25 @@ def _trace(model: nn.Module) -> ChannelTopology:
             if node.op == "get_attr" and node.target in state:
                 attr_of[node] = node.target
             continue
-        operands = [a for a in list(node.args) + list(node.kwargs.values())
-                    for a in (a if isinstance(a, (list, tuple)) else (a,))]
+        operands = [
+            a
+            for a in list(node.args) + list(node.kwargs.values())
+            for a in (a if isinstance(a, (list, tuple)) else (a,))
+        ]
         if node.op == "call_method" and node.target in _CARRY_ATTR and node.args and node.args[0] in attr_of:
             attr_of[node] = attr_of[node.args[0]]
         elif (node.op == "call_function" and (node.target in _ADD or node.target in (torch.cat, torch.concat))) or (
-                node.op == "call_method" and node.target in _ADD_METHODS):
+            node.op == "call_method" and node.target in _ADD_METHODS
+        ):
             joined.update(attr_of[a] for a in operands if isinstance(a, torch.fx.Node) and a in attr_of)
         args = _tensor_vals(list(node.args) + list(node.kwargs.values()), vals)
         if node.op == "call_module":
             mod = modules[node.target]
             if isinstance(mod, (_CONV, nn.Linear)) and not args:
-                raise TopologyError(f"layer {node.target!r} is applied to a value that carries no channels (one "
-                                    "computed from constants?)")
+                raise TopologyError(
+                    f"layer {node.target!r} is applied to a value that carries no channels (one "
+                    "computed from constants?)"
+                )
             if isinstance(mod, _CONV):
                 vals[node] = builder.add_layer(node.target, mod, args[0], "conv")
             elif isinstance(mod, nn.Linear):
@@ -818,12 +1006,14 @@ def _trace(model: nn.Module) -> ChannelTopology:
             elif isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
                 vals[node] = _encoder(builder, node.target, mod, node, vals)
             elif isinstance(mod, nn.Flatten):
-                vals[node] = _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (
-                    args[0] if args else None)
+                vals[node] = (
+                    _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (args[0] if args else None)
+                )
             elif any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
                 raise TopologyError(
                     f"module {node.target!r} ({type(mod).__name__}) has parameters but is neither "
-                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown")
+                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown"
+                )
             else:
                 vals[node] = args[0] if args else None
             continue
@@ -839,18 +1029,18 @@ def _trace(model: nn.Module) -> ChannelTopology:
             vals[node] = None
         elif node.op == "call_function" and target is _SDPA:
             value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
-            vals[node] = vals.get(value) if isinstance(value, torch.fx.Node) else None   # carries v's channels
-        elif (node.op == "call_function" and target in _MATMUL) or (node.op == "call_method" and target in _MATMUL_METHODS):
+            vals[node] = vals.get(value) if isinstance(value, torch.fx.Node) else None  # carries v's channels
+        elif (node.op == "call_function" and target in _MATMUL) or (
+            node.op == "call_method" and target in _MATMUL_METHODS
+        ):
             # q·kᵀ (two channel-carrying operands) carries no channels (the method); scores·v carries v's
             vals[node] = args[0] if len(args) == 1 else None
-        elif (node.op == "call_function" and target in _ADD) or (
-                node.op == "call_method" and target in _ADD_METHODS):
+        elif (node.op == "call_function" and target in _ADD) or (node.op == "call_method" and target in _ADD_METHODS):
             vals[node] = _merge(builder, args)
         elif node.op == "call_function" and target in (torch.cat, torch.concat):
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
             if dim == 1 and all(v.cell.ids is not None for v in args):
-                vals[node] = _Val(_Cell(np.concatenate([v.cell.ids for v in args])),
-                                  flat=all(v.flat for v in args))
+                vals[node] = _Val(_Cell(np.concatenate([v.cell.ids for v in args])), flat=all(v.flat for v in args))
             else:
                 merged = args[0] if args else None
                 for v in args[1:]:
@@ -862,9 +1052,11 @@ def _trace(model: nn.Module) -> ChannelTopology:
             vals[node] = vals[node.args[0]][node.args[1]]
         elif node.op == "call_function" and target is operator.getitem:
             vals[node] = args[0] if args and node.args[1] is not None else None
-        elif args and ((node.op == "call_method" and target in _LAYOUT_METHODS) or (
-                node.op == "call_function" and target in _LAYOUT_FNS)):
-            a = args[0]   # assumed to keep the channels; named if a layer then finds them wrong
+        elif args and (
+            (node.op == "call_method" and target in _LAYOUT_METHODS)
+            or (node.op == "call_function" and target in _LAYOUT_FNS)
+        ):
+            a = args[0]  # assumed to keep the channels; named if a layer then finds them wrong
             vals[node] = _Val(a.cell, flat=a.flat, split=a.split, via=_describe(node))
         else:
             vals[node] = args[0] if args else None
@@ -898,7 +1090,8 @@ _CACHE: dict[tuple, ChannelTopology] = {}
 
 def _cache_key(model: nn.Module) -> tuple:
     return (type(model).__module__, type(model).__qualname__) + tuple(
-        (n, tuple(p.shape)) for n, p in model.state_dict().items())
+        (n, tuple(p.shape)) for n, p in model.state_dict().items()
+    )
 
 
 def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopology:
@@ -942,14 +1135,16 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
         return _CACHE[key]
     try:
         topo = _trace(model)
-    except TopologyError as first:   # a layout only shapes can tell (tokens, heads): follow them
+    except TopologyError as first:  # a layout only shapes can tell (tokens, heads): follow them
         from ._shape_trace import trace_with_shapes
+
         try:
             topo = trace_with_shapes(model)
         except TopologyError:
             raise first from None
     except Exception as exc:  # torch.fx raises many kinds on dynamic control flow
         from ._shape_trace import trace_with_shapes
+
         try:
             topo = trace_with_shapes(model)
             _CACHE[key] = topo
@@ -962,7 +1157,10 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
         warnings.warn(
             f"torch.fx could not trace {type(model).__name__} ({type(exc).__name__}: {exc}); "
             "building its channel graph from module registration order instead, which is "
-            "only right for plain chains", TracingFallbackWarning, stacklevel=2)
+            "only right for plain chains",
+            TracingFallbackWarning,
+            stacklevel=2,
+        )
         topo = _module_order(model)
     _CACHE[key] = topo
     _check_coverage(topo, type(model).__name__, strict)
@@ -974,8 +1172,10 @@ def _check_coverage(topo: ChannelTopology, model_name: str, strict: bool) -> Non
     if not missing:
         return
     what = ", ".join(n for n, _ in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-    msg = (f"{model_name}: {len(missing)} weight matri{'x is' if len(missing) == 1 else 'ces are'} not in the "
-           f"channel graph ({what}): {missing[0][1]}; see ChannelTopology.coverage()")
+    msg = (
+        f"{model_name}: {len(missing)} weight matri{'x is' if len(missing) == 1 else 'ces are'} not in the "
+        f"channel graph ({what}): {missing[0][1]}; see ChannelTopology.coverage()"
+    )
     if strict:
         raise TopologyError(msg)
     warnings.warn(msg, UncoveredWeightsWarning, stacklevel=3)

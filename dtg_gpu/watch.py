@@ -33,13 +33,19 @@ class Verdict:
     run: str
     checkpoints: int
     p_sufficient: float | None
-    verdict: str          # "stop", "continue", "wait" (nothing to decide from yet), "finished", "failed"
+    verdict: str  # "stop", "continue", "wait" (nothing to decide from yet), "finished", "failed"
     final_accuracy: float | None = None
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "checkpoints": self.checkpoints, "p_sufficient": self.p_sufficient,
-                "verdict": self.verdict, "final_accuracy": self.final_accuracy, "error": self.error}
+        return {
+            "run": self.run,
+            "checkpoints": self.checkpoints,
+            "p_sufficient": self.p_sufficient,
+            "verdict": self.verdict,
+            "final_accuracy": self.final_accuracy,
+            "error": self.error,
+        }
 
 
 @dataclass
@@ -64,8 +70,13 @@ class SweepWatcher:
     device : optional
     """
 
-    def __init__(self, sweep: str | os.PathLike, rule: StoppingRule | None = None,
-                 model: torch.nn.Module | None = None, device=None) -> None:
+    def __init__(
+        self,
+        sweep: str | os.PathLike,
+        rule: StoppingRule | None = None,
+        model: torch.nn.Module | None = None,
+        device=None,
+    ) -> None:
         self.sweep = Path(sweep)
         if not self.sweep.is_dir():
             raise FileNotFoundError(f"{self.sweep}: sweep folder not found")
@@ -86,8 +97,9 @@ class SweepWatcher:
             names = meta.get("runs") if isinstance(meta, dict) else None
             if isinstance(names, list):
                 return [confined_path(self.sweep, n, what=f"{manifest}: runs[{i}]") for i, n in enumerate(names)]
-        return sorted((d for d in self.sweep.iterdir() if d.is_dir() and not d.name.startswith(".")),
-                      key=lambda d: d.name)
+        return sorted(
+            (d for d in self.sweep.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: d.name
+        )
 
     def _sweep_model(self) -> torch.nn.Module:
         """The model of a ``dtg sweep`` folder, from ``sweep.json`` (runs still training have no
@@ -114,6 +126,7 @@ class SweepWatcher:
             return Run.from_dir(folder, model=self.model), True
         if state != "unfinished":
             from .exceptions import CheckpointError
+
             raise CheckpointError(state)
         files = _scan_checkpoints(folder) if folder.is_dir() else []
         if not files:
@@ -139,7 +152,7 @@ class SweepWatcher:
                     continue
                 seen = self._seen.setdefault(name, _Seen())
                 files = [str(c) for c in run.checkpoints]
-                if files[:len(seen.files)] != seen.files:   # rewritten: start over
+                if files[: len(seen.files)] != seen.files:  # rewritten: start over
                     seen.files, seen.records, seen.history = [], [], []
                 if len(files) > len(seen.files):
                     seen.records += run_records(run, device=self.device, start=len(seen.files))
@@ -147,14 +160,17 @@ class SweepWatcher:
                 runs[name] = (run, finished, seen)
             except READ_ERRORS as exc:
                 out[name] = Verdict(name, 0, None, "failed", error=str(exc))
-        finished = [(n, s.records, None, r.final_accuracy) for n, (r, f, s) in runs.items()
-                    if f and r.final_accuracy is not None]
+        finished = [
+            (n, s.records, None, r.final_accuracy)
+            for n, (r, f, s) in runs.items()
+            if f and r.final_accuracy is not None
+        ]
         for name, (run, fin, seen) in runs.items():
             k = len(seen.records)
             if fin:
                 out[name] = Verdict(name, k, None, "finished", final_accuracy=run.final_accuracy)
                 continue
-            while len(seen.history) < k:   # one probability per checkpoint, judged when it lands
+            while len(seen.history) < k:  # one probability per checkpoint, judged when it lands
                 j = len(seen.history) + 1
                 seen.history.append(self.rule.probability(seen.records[:j], None, finished))
             p = seen.history[-1] if seen.history else None

@@ -28,21 +28,29 @@ from .statistics import layer_node_groups
 
 __all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "run_verdicts", "FEATURE_SETS"]
 
-FEATURE_SETS = ("dtg", "weight_stats", "spectral", "dtg+weight_stats", "dtg+eigenvalue", "dtg_per_layer",
-                "dtg_per_layer+eigenvalue", "learning_curve")
+FEATURE_SETS = (
+    "dtg",
+    "weight_stats",
+    "spectral",
+    "dtg+weight_stats",
+    "dtg+eigenvalue",
+    "dtg_per_layer",
+    "dtg_per_layer+eigenvalue",
+    "learning_curve",
+)
 
 
 @dataclass
 class SweepFeatures:
     runs: list[Run]
-    stats: torch.Tensor          # [runs, T, 5] raw statistics
+    stats: torch.Tensor  # [runs, T, 5] raw statistics
     alpha: float
-    accuracies: np.ndarray       # [runs]
-    log_eigenvalue: torch.Tensor | None = None   # [runs, T] log lambda_1 (option beyond the method)
-    layer_stats: torch.Tensor | None = None      # [runs, T, 5·L] per-layer statistics (option)
-    failed: dict = field(default_factory=dict)   # run name -> why it could not be read or solved
-    usable: np.ndarray | None = None             # [runs] bool: False for runs in `failed`
-    layout: StatisticsLayout | None = None       # the columns of stats ⊕ layer_stats ⊕ log_eigenvalue
+    accuracies: np.ndarray  # [runs]
+    log_eigenvalue: torch.Tensor | None = None  # [runs, T] log lambda_1 (option beyond the method)
+    layer_stats: torch.Tensor | None = None  # [runs, T, 5·L] per-layer statistics (option)
+    failed: dict = field(default_factory=dict)  # run name -> why it could not be read or solved
+    usable: np.ndarray | None = None  # [runs] bool: False for runs in `failed`
+    layout: StatisticsLayout | None = None  # the columns of stats ⊕ layer_stats ⊕ log_eigenvalue
 
     def __post_init__(self) -> None:
         if self.usable is None:
@@ -52,19 +60,24 @@ class SweepFeatures:
         """DTG features of the first ``k`` checkpoints; the options as in :func:`featurize`
         (columns: :meth:`StatisticsLayout.columns <dtg_gpu.layout.StatisticsLayout.columns>`
         of :meth:`layout_for`)."""
-        for on, extra, what in ((per_layer, self.layer_stats, "per-layer statistics"),
-                                (eigenvalue, self.log_eigenvalue, "eigenvalues")):
+        for on, extra, what in (
+            (per_layer, self.layer_stats, "per-layer statistics"),
+            (eigenvalue, self.log_eigenvalue, "eigenvalues"),
+        ):
             if on and extra is None:
                 raise ValueError(f"these features were made without {what}")
         lay = self.layout_for(per_layer=per_layer, eigenvalue=eigenvalue)
-        stats = lay.join(self.stats[:, :k], self.layer_stats[:, :k] if per_layer else None,
-                         self.log_eigenvalue[:, :k] if eigenvalue else None)
+        stats = lay.join(
+            self.stats[:, :k],
+            self.layer_stats[:, :k] if per_layer else None,
+            self.log_eigenvalue[:, :k] if eigenvalue else None,
+        )
         return temporal_features(stats, self.alpha).double().numpy()
 
     def layout_for(self, per_layer: bool = False, eigenvalue: bool = False) -> StatisticsLayout:
         """The column layout of :meth:`dtg` with these options."""
         layers = self.layout.layers if (per_layer and self.layout is not None) else ()
-        if per_layer and not layers and self.layer_stats is not None:   # made without names
+        if per_layer and not layers and self.layer_stats is not None:  # made without names
             layers = tuple(f"layer{i}" for i in range(self.layer_stats.shape[-1] // 5))
         return StatisticsLayout(layers=layers, eigenvalue=eigenvalue)
 
@@ -84,19 +97,34 @@ class SweepFeatures:
         rows = []
         for i, run in enumerate(self.runs):
             for j in range(t):
-                row = {"run": run.name, "t": j, "lr": run.meta.get("lr"), "dropout": run.meta.get("dropout"),
-                       "seed": run.meta.get("seed"), "status": run.meta.get("status"),
-                       "final_accuracy": self.accuracies[i]}
+                row = {
+                    "run": run.name,
+                    "t": j,
+                    "lr": run.meta.get("lr"),
+                    "dropout": run.meta.get("dropout"),
+                    "seed": run.meta.get("seed"),
+                    "status": run.meta.get("status"),
+                    "final_accuracy": self.accuracies[i],
+                }
                 row.update({s: float(self.stats[i, j, k]) for k, s in enumerate(STATISTICS)})
                 row.update({f"{s}_smoothed": float(smooth[i, j, k]) for k, s in enumerate(STATISTICS)})
                 rows.append(row)
         return pd.DataFrame(rows)
 
 
-def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
-                    dtype=torch.float32, progress: bool = False, strict: bool = False, *,
-                    executor: str = "local", address: str | None = None, cache: Any = None,
-                    chunk_size: int | None = None) -> SweepFeatures:
+def featurize_sweep(
+    runs: Sequence[Run],
+    alpha: float = 0.5,
+    device=None,
+    dtype=torch.float32,
+    progress: bool = False,
+    strict: bool = False,
+    *,
+    executor: str = "local",
+    address: str | None = None,
+    cache: Any = None,
+    chunk_size: int | None = None,
+) -> SweepFeatures:
     """Solve every checkpoint of every run once; keep the raw statistics.
 
     Runs that cannot be read (those :func:`~dtg_gpu.sweeps.load_sweep` already left out, in
@@ -145,22 +173,44 @@ def featurize_sweep(runs: Sequence[Run], alpha: float = 0.5, device=None,
     for r in runs:
         try:
             topos[id(r.topology)] = r.topology
-        except READ_ERRORS:   # named by featurize_with_failures
+        except READ_ERRORS:  # named by featurize_with_failures
             pass
     per_layer = len({len(layer_node_groups(t)) for t in topos.values()}) == 1
-    layout = StatisticsLayout.of(next(iter(topos.values())), per_layer=per_layer, eigenvalue=True) if topos \
+    layout = (
+        StatisticsLayout.of(next(iter(topos.values())), per_layer=per_layer, eigenvalue=True)
+        if topos
         else StatisticsLayout(eigenvalue=True)
+    )
     _, stats, failures = featurize_with_failures(
-        runs, alpha=alpha, device=device, dtype=dtype, progress=progress, eigenvalue=True,
-        per_layer=per_layer, strict=strict, executor=executor, address=address, cache=cache,
-        chunk_size=chunk_size)
+        runs,
+        alpha=alpha,
+        device=device,
+        dtype=dtype,
+        progress=progress,
+        eigenvalue=True,
+        per_layer=per_layer,
+        strict=strict,
+        executor=executor,
+        address=address,
+        cache=cache,
+        chunk_size=chunk_size,
+    )
     warn_failures(failures, stacklevel=2)
     failed.update(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
     spec, layers, lam = layout.split(stats)
-    return SweepFeatures(runs=runs, stats=spec, alpha=alpha, accuracies=acc, log_eigenvalue=lam,
-                         layer_stats=layers, failed=failed, usable=usable, layout=layout)
+    return SweepFeatures(
+        runs=runs,
+        stats=spec,
+        alpha=alpha,
+        accuracies=acc,
+        log_eigenvalue=lam,
+        layer_stats=layers,
+        failed=failed,
+        usable=usable,
+        layout=layout,
+    )
 
 
 def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -198,8 +248,15 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
     return out
 
 
-def compare(sf: SweepFeatures, ks: Sequence[int], names: Sequence[str], threshold: Any = "median",
-            repeats: int = 20, seed: int = 0, clf: PerformancePredictor | None = None) -> list[dict]:
+def compare(
+    sf: SweepFeatures,
+    ks: Sequence[int],
+    names: Sequence[str],
+    threshold: Any = "median",
+    repeats: int = 20,
+    seed: int = 0,
+    clf: PerformancePredictor | None = None,
+) -> list[dict]:
     """Evaluate every feature set at every ``k``; one row per (feature set, k).
 
     Runs that failed to be read or solved (``sf.usable`` False) are left out of labels,
@@ -215,8 +272,15 @@ def compare(sf: SweepFeatures, ks: Sequence[int], names: Sequence[str], threshol
     return rows
 
 
-def run_verdicts(sf: SweepFeatures, ks: Sequence[int], features: str = "dtg", threshold: Any = "median",
-                 folds: int = 5, seed: int = 0, clf: PerformancePredictor | None = None) -> dict:
+def run_verdicts(
+    sf: SweepFeatures,
+    ks: Sequence[int],
+    features: str = "dtg",
+    threshold: Any = "median",
+    folds: int = 5,
+    seed: int = 0,
+    clf: PerformancePredictor | None = None,
+) -> dict:
     """Out-of-fold P(sufficient) of every run at each ``k``: what a user acts on.
 
     Each usable run's probability comes from a predictor that did not see it (stratified
@@ -234,7 +298,9 @@ def run_verdicts(sf: SweepFeatures, ks: Sequence[int], features: str = "dtg", th
     keep = sf.usable
     y = label_runs(sf.accuracies[keep], threshold)
     finite = sf.accuracies[keep][np.isfinite(sf.accuracies[keep])]
-    cut = float(np.median(finite)) if isinstance(threshold, str) and threshold == "median" and finite.size else threshold
+    cut = (
+        float(np.median(finite)) if isinstance(threshold, str) and threshold == "median" and finite.size else threshold
+    )
     n_splits = int(min(folds, np.bincount(y).min())) if np.unique(y).size == 2 else 0
     proba = np.full((len(sf.runs), len(ks)), np.nan)
     base = clf or PerformancePredictor(random_state=seed)

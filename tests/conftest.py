@@ -29,7 +29,7 @@ class GroupedNet(nn.Module):
         self.grouped = nn.Conv2d(8, 16, 3, padding=1, groups=4)
         self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
         self.branch = nn.Conv2d(8, 4, 1)
-        self.mix = nn.Conv2d(20, 20, 1)          # input and output are the same space
+        self.mix = nn.Conv2d(20, 20, 1)  # input and output are the same space
         self.fc = nn.Linear(20 * 4 * 4, 5)
 
     def forward(self, x):
@@ -41,12 +41,12 @@ class GroupedNet(nn.Module):
         return self.fc(torch.flatten(y, 1))
 
 
-def make_checkpoints(model: nn.Module, t: int = 3, seed: int = 0, scale: float = 1.0,
-                     drift: float = 0.05) -> list[dict[str, torch.Tensor]]:
+def make_checkpoints(
+    model: nn.Module, t: int = 3, seed: int = 0, scale: float = 1.0, drift: float = 0.05
+) -> list[dict[str, torch.Tensor]]:
     """``t`` state dicts: the model's weights times ``scale`` plus a random walk."""
     g = torch.Generator().manual_seed(seed)
-    state = {k: v.detach().clone() * (scale if v.is_floating_point() else 1)
-             for k, v in model.state_dict().items()}
+    state = {k: v.detach().clone() * (scale if v.is_floating_point() else 1) for k, v in model.state_dict().items()}
     out = []
     for _ in range(t):
         for _k, v in state.items():

@@ -22,8 +22,7 @@ from dtg_gpu.data import load_dataset
 from dtg_gpu.integrations.optuna import DTGPruner, report
 from dtg_gpu.models import LeNet5
 
-CONFIGS = [{"lr": lr, "seed": s} for s in range(2)
-           for lr in (0.05, 0.02, 0.1, 3.0, 1e-5, 0.01, 3e-5, 0.03)]
+CONFIGS = [{"lr": lr, "seed": s} for s in range(2) for lr in (0.05, 0.02, 0.1, 3.0, 1e-5, 0.01, 3e-5, 0.03)]
 EPOCHS = 4
 
 
@@ -60,10 +59,15 @@ def main() -> None:
     kill_at = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--kill-at" else None
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name="lenet", storage=f"sqlite:///{db}", direction="maximize",
-                                load_if_exists=True,
-                                pruner=DTGPruner(n_startup_trials=4, use_values=False, features="dtg_per_layer",
-                                                 min_probability=0.3, patience=1))
+    study = optuna.create_study(
+        study_name="lenet",
+        storage=f"sqlite:///{db}",
+        direction="maximize",
+        load_if_exists=True,
+        pruner=DTGPruner(
+            n_startup_trials=4, use_values=False, features="dtg_per_layer", min_probability=0.3, patience=1
+        ),
+    )
     if not study.user_attrs.get("enqueued"):
         for c in CONFIGS:
             study.enqueue_trial(c)
@@ -72,8 +76,13 @@ def main() -> None:
         # a trial killed with its worker: failed, and its configuration queued again
         study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
         study.enqueue_trial(t.system_attrs.get("fixed_params") or t.params)
-    done = len([t for t in study.get_trials(deepcopy=False)
-                if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)])
+    done = len(
+        [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        ]
+    )
     study.optimize(lambda t: objective(t, kill_at), n_trials=max(0, n - done))
 
 

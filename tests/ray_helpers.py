@@ -36,5 +36,7 @@ class BrokenRun(Run):
 def slow(runs, **kw):
     from dtg_gpu.sweeps import SweepRuns
 
-    return SweepRuns([SlowRun(model=r.model, checkpoints=r.checkpoints, name=r.name, meta=r.meta, **kw)
-                      for r in runs], path=getattr(runs, "path", None))
+    return SweepRuns(
+        [SlowRun(model=r.model, checkpoints=r.checkpoints, name=r.name, meta=r.meta, **kw) for r in runs],
+        path=getattr(runs, "path", None),
+    )

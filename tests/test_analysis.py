@@ -29,21 +29,22 @@ def test_agrees_with_networkx(name, dtype, atol, tol, device):
         g = reference_graph(res.topology, ckpts[t])
         ref = reference_centrality(g)
         np.testing.assert_allclose(res.centrality[t].double().numpy(), ref, atol=atol)
-        assert float(res.eigenvalue[t]) == pytest.approx(
-            float(np.linalg.eigvalsh(nx_dense(g))[-1]), rel=1e-5)
+        assert float(res.eigenvalue[t]) == pytest.approx(float(np.linalg.eigvalsh(nx_dense(g))[-1]), rel=1e-5)
         assert float(res.residual[t]) <= max(tol, 32 * torch.finfo(dtype).eps)
 
 
 def nx_dense(g):
     import networkx as nx
+
     return nx.to_numpy_array(g, nodelist=range(g.number_of_nodes()))
 
 
 def test_networkx_method_matches_networkx_power_iteration():
     model = MODELS["lenet5"]()
     ckpts = make_checkpoints(model, t=2)
-    res = analyze(Run(model=model, checkpoints=ckpts), method="networkx", dtype=torch.float64,
-                  device="cpu", max_iter=5000)
+    res = analyze(
+        Run(model=model, checkpoints=ckpts), method="networkx", dtype=torch.float64, device="cpu", max_iter=5000
+    )
     for t in range(2):
         it = int(res.iterations[t])
         ref = reference_centrality(reference_graph(res.topology, ckpts[t]), "power", max_iter=it)
@@ -84,7 +85,7 @@ def test_per_layer_statistics_option_matches_scipy_per_layer():
     for li, (_, idx) in enumerate(groups):
         v = c[1, idx.numpy()]
         want = [v.mean(), v.std(), np.median(v), scipy.stats.skew(v), scipy.stats.kurtosis(v)]
-        np.testing.assert_allclose(st[1, 1, 5 + 5 * li: 10 + 5 * li].numpy(), want, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(st[1, 1, 5 + 5 * li : 10 + 5 * li].numpy(), want, rtol=1e-9, atol=1e-12)
     base = dtg_gpu.featurize(runs, alpha=1.0, **kw)
     np.testing.assert_allclose(st[:, :, :5].reshape(2, 10).numpy(), base.numpy(), atol=1e-12)
 
@@ -95,7 +96,9 @@ def test_nan_checkpoints_are_flagged_and_do_not_leak():
     ckpts[1]["features.0.weight"][0, 0, 0, 0] = float("nan")
     ckpts[3]["classifier.1.weight"][0, 0] = float("inf")
     with pytest.warns(NonFiniteWeightsWarning, match=r"t=1\].*t=3\]"):
-        res = analyze(Run(model=model, checkpoints=ckpts, name="diverged"), device="cpu", dtype=torch.float64, tol=1e-12)
+        res = analyze(
+            Run(model=model, checkpoints=ckpts, name="diverged"), device="cpu", dtype=torch.float64, tol=1e-12
+        )
     assert res.finite.tolist() == [True, False, True, False]
     assert torch.isnan(res.centrality[[1, 3]]).all() and not res.converged[[1, 3]].any()
     clean = analyze(Run(model=model, checkpoints=[ckpts[0], ckpts[2]]), device="cpu", dtype=torch.float64, tol=1e-12)
@@ -107,12 +110,12 @@ def test_zero_and_disconnected_graphs_are_flagged():
     model = MODELS["lenet5"]()
     ckpts = make_checkpoints(model, t=3)
     ckpts[1] = {k: torch.zeros_like(v) for k, v in ckpts[1].items()}
-    ckpts[2]["features.3.weight"][:, 2] = 0.0    # channel 2 of conv1 output loses all edges out
-    ckpts[2]["features.0.weight"][2] = 0.0       # ... and in: node isolated
+    ckpts[2]["features.3.weight"][:, 2] = 0.0  # channel 2 of conv1 output loses all edges out
+    ckpts[2]["features.0.weight"][2] = 0.0  # ... and in: node isolated
     with pytest.warns(DisconnectedGraphWarning, match=r"t=1\].*t=2\]"):
         res = analyze(Run(model=model, checkpoints=ckpts), device="cpu")
     assert res.connected.tolist() == [True, False, False]
-    ckpts[0]["features.3.weight"][:, 2] = 0.0    # a zero column alone disconnects nothing
+    ckpts[0]["features.3.weight"][:, 2] = 0.0  # a zero column alone disconnects nothing
     assert analyze(Run(model=model, checkpoints=[ckpts[0]]), device="cpu").connected.all()
 
 
@@ -131,6 +134,7 @@ def test_graph_and_to_networkx_views(device):
     data = res.graph(1)
     assert data.num_nodes == res.topology.num_nodes
     from torch_geometric.utils import is_undirected
+
     assert is_undirected(data.edge_index, data.edge_weight)
     x, _ = dtg_gpu.eigenvector_centrality(data.edge_index, data.edge_weight, data.num_nodes, tol=1e-12)
     np.testing.assert_allclose(x.numpy(), reference_centrality(res.to_networkx(1)), atol=1e-9)
@@ -145,8 +149,10 @@ def test_graph_and_to_networkx_views(device):
 
 def test_featurize_errors_name_the_run():
     model = MODELS["lenet5"]()
-    runs = [Run(model=model, checkpoints=make_checkpoints(model, t=3), name="long"),
-            Run(model=model, checkpoints=make_checkpoints(model, t=2), name="short")]
+    runs = [
+        Run(model=model, checkpoints=make_checkpoints(model, t=3), name="long"),
+        Run(model=model, checkpoints=make_checkpoints(model, t=2), name="short"),
+    ]
     with pytest.raises(dtg_gpu.InsufficientCheckpointsError, match="run 'short' has only 2 checkpoints"):
         dtg_gpu.featurize(runs, timesteps=3, device="cpu")
     with pytest.raises(ValueError, match="empty"):

@@ -19,9 +19,15 @@ from dtg_gpu.models import LeNet5
 
 def _runs(n=3, t=3):
     model = LeNet5()
-    return [Run(model=model, checkpoints=make_checkpoints(model, t=t, seed=s), name=f"r{s}",
-                meta={"checkpoints": [{"val_accuracy": 0.1 * (s + i)} for i in range(t)]})
-            for s in range(n)]
+    return [
+        Run(
+            model=model,
+            checkpoints=make_checkpoints(model, t=t, seed=s),
+            name=f"r{s}",
+            meta={"checkpoints": [{"val_accuracy": 0.1 * (s + i)} for i in range(t)]},
+        )
+        for s in range(n)
+    ]
 
 
 def test_weight_statistics_match_numpy():
@@ -37,20 +43,24 @@ def test_weight_statistics_match_numpy():
 def test_layer_eigenvalues_pool_conv_slices_like_weightwatcher():
     w = torch.randn(16, 6, 5, 5)
     ev = layer_eigenvalues(w).numpy()
-    want = np.concatenate([np.linalg.svd(w[:, :, i, j].double().numpy(), compute_uv=False) ** 2
-                           for i in range(5) for j in range(5)])
+    want = np.concatenate(
+        [np.linalg.svd(w[:, :, i, j].double().numpy(), compute_uv=False) ** 2 for i in range(5) for j in range(5)]
+    )
     np.testing.assert_allclose(np.sort(ev), np.sort(want), rtol=1e-10)
     lin = torch.randn(84, 120)
-    np.testing.assert_allclose(np.sort(layer_eigenvalues(lin).numpy()),
-                               np.sort(np.linalg.eigvalsh(lin.double().T @ lin.double()).clip(0))[-84:],
-                               rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(
+        np.sort(layer_eigenvalues(lin).numpy()),
+        np.sort(np.linalg.eigvalsh(lin.double().T @ lin.double()).clip(0))[-84:],
+        rtol=1e-8,
+        atol=1e-8,
+    )
 
 
 @pytest.mark.parametrize("alpha", [2.0, 3.5, 5.0])
 def test_powerlaw_fit_recovers_alpha_and_xmin(alpha):
     rng = np.random.default_rng(1)
-    tail = 2.0 * (1 - rng.random(4000)) ** (-1 / (alpha - 1))   # Pareto from x_min = 2
-    body = rng.uniform(0.1, 2.0, 4000)                           # not a power law
+    tail = 2.0 * (1 - rng.random(4000)) ** (-1 / (alpha - 1))  # Pareto from x_min = 2
+    body = rng.uniform(0.1, 2.0, 4000)  # not a power law
     a, xmin = powerlaw_fit(np.concatenate([tail, body]))
     assert a == pytest.approx(alpha, rel=0.06)
     assert xmin == pytest.approx(2.0, rel=0.15)  # KS choice of x_min is noisy where the body meets the tail
@@ -61,7 +71,7 @@ def test_powerlaw_mle_agrees_with_scipy_at_the_chosen_xmin():
     x = rng.lognormal(size=500)
     a, xmin = powerlaw_fit(x)
     tail = x[x >= xmin]
-    b, _, _ = scipy.stats.pareto.fit(tail, floc=0, fscale=xmin)   # continuous MLE, alpha = 1 + b
+    b, _, _ = scipy.stats.pareto.fit(tail, floc=0, fscale=xmin)  # continuous MLE, alpha = 1 + b
     assert a == pytest.approx(1 + b, rel=1e-6)
     assert powerlaw_alpha(x) == a
 

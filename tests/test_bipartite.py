@@ -18,10 +18,16 @@ from dtg_gpu.testing.reference import reference_adjacency
 
 def GroupedChain():
     """A plain chain through grouped, depthwise and flattened-linear layers: bipartite."""
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(8, 16, 3, padding=1, groups=4), nn.ReLU(),
-                         nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.AdaptiveAvgPool2d(2),
-                         nn.Flatten(), nn.Linear(16 * 2 * 2, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1, groups=4),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 2 * 2, 5),
+    )
 
 
 def _structural_graph(topo):
@@ -85,7 +91,7 @@ def test_bipartite_path_matches_arpack_and_plain_lanczos(name, dtype, tol, atol,
     blocks, _ = load_blocks(topo, ckpts, torch.device(device), dtype)
     op = BlockOperator(topo, blocks)
     mask = torch.ones(3, topo.num_nodes, dtype=torch.bool, device=device)
-    fast = solve_perron(op, mask, tol=tol)                       # default: the squared form
+    fast = solve_perron(op, mask, tol=tol)  # default: the squared form
     plain = solve_perron(op, mask, tol=tol, bipartite=False)
     assert fast.converged.all() and plain.converged.all()
     assert (fast.iterations < plain.iterations).all()
@@ -93,8 +99,9 @@ def test_bipartite_path_matches_arpack_and_plain_lanczos(name, dtype, tol, atol,
     ax = op(fast.vector)
     true = torch.linalg.vector_norm(ax - fast.eigenvalue[:, None] * fast.vector, dim=-1) / fast.eigenvalue
     assert float(true.max()) <= max(tol, 32 * torch.finfo(dtype).eps) * 1.5
-    np.testing.assert_allclose(fast.residual.cpu().double().numpy(), true.cpu().double().numpy(),
-                               rtol=0.5, atol=32 * torch.finfo(dtype).eps)
+    np.testing.assert_allclose(
+        fast.residual.cpu().double().numpy(), true.cpu().double().numpy(), rtol=0.5, atol=32 * torch.finfo(dtype).eps
+    )
     for t in range(3):
         a = reference_adjacency(topo, ckpts[t])
         w, v = sla.eigsh(a, k=1, which="LA", tol=1e-14)
@@ -113,7 +120,7 @@ def test_bipartite_zero_graph_budget_and_refusal():
     mask = torch.ones(2, topo.num_nodes, dtype=torch.bool)
     res = solve_perron(op, mask, tol=1e-12, bipartite=True)
     assert res.converged.all() and float(res.eigenvalue[1]) == 0
-    np.testing.assert_allclose(res.vector[1].numpy(), np.full(topo.num_nodes, topo.num_nodes ** -0.5))
+    np.testing.assert_allclose(res.vector[1].numpy(), np.full(topo.num_nodes, topo.num_nodes**-0.5))
     short = solve_perron(op, mask, tol=1e-14, max_iter=4, bipartite=True)
     assert not short.converged[0] and int(short.iterations[0]) == 4 and float(short.residual[0]) > 1e-14
     resnet = channel_topology(MODELS["resnet20"]())
@@ -131,9 +138,9 @@ def test_ritz_pair_matches_eigh(k):
     g = torch.Generator().manual_seed(k)
     alpha = torch.rand(64, k, generator=g, dtype=torch.float64) * 10
     beta = torch.rand(64, k, generator=g, dtype=torch.float64)
-    beta[:4] = 0.0                       # broken-down (diagonal) tridiagonals
+    beta[:4] = 0.0  # broken-down (diagonal) tridiagonals
     alpha[4:6] = 0.0
-    beta[4:6] = 0.0                      # all-zero ones
+    beta[4:6] = 0.0  # all-zero ones
     theta, s, ok = _ritz(alpha, beta)
     assert ok.all()
     t = torch.diag_embed(alpha)

@@ -33,8 +33,7 @@ def _ref(g):
 def test_single_graph_matches_networkx(device, dtype, atol):
     g = _random_graph(1, scale=30.0)
     ei, ew = _pyg(g)
-    x, res = eigenvector_centrality(ei.to(device), ew.to(device), g.number_of_nodes(),
-                                    dtype=dtype, tol=1e-12)
+    x, res = eigenvector_centrality(ei.to(device), ew.to(device), g.number_of_nodes(), dtype=dtype, tol=1e-12)
     assert res.converged.all()
     np.testing.assert_allclose(x.cpu().double().numpy(), _ref(g), atol=atol)
     lam = max(np.linalg.eigvalsh(nx.to_numpy_array(g)))
@@ -42,27 +41,33 @@ def test_single_graph_matches_networkx(device, dtype, atol):
 
 
 def test_batch_equals_loop_and_graphs_normalised_apart(device):
-    graphs = [_random_graph(s, n=20 + 7 * s, scale=10.0 ** s) for s in range(4)]
-    batch = Batch.from_data_list([Data(edge_index=_pyg(g)[0], edge_weight=_pyg(g)[1],
-                                       num_nodes=g.number_of_nodes()) for g in graphs])
-    x, res = eigenvector_centrality(batch.edge_index.to(device), batch.edge_weight.to(device),
-                                    batch.num_nodes, batch.batch.to(device), tol=1e-12,
-                                    dtype=torch.float64)
+    graphs = [_random_graph(s, n=20 + 7 * s, scale=10.0**s) for s in range(4)]
+    batch = Batch.from_data_list(
+        [Data(edge_index=_pyg(g)[0], edge_weight=_pyg(g)[1], num_nodes=g.number_of_nodes()) for g in graphs]
+    )
+    x, res = eigenvector_centrality(
+        batch.edge_index.to(device),
+        batch.edge_weight.to(device),
+        batch.num_nodes,
+        batch.batch.to(device),
+        tol=1e-12,
+        dtype=torch.float64,
+    )
     assert res.converged.all() and res.vector.shape[0] == 4
     for i, g in enumerate(graphs):
-        xi = x[batch.ptr[i]:batch.ptr[i + 1]].cpu().numpy()
+        xi = x[batch.ptr[i] : batch.ptr[i + 1]].cpu().numpy()
         np.testing.assert_allclose(np.linalg.norm(xi), 1.0, rtol=1e-12)
         np.testing.assert_allclose(xi, _ref(g), atol=1e-9)
-        single, _ = eigenvector_centrality(*(t.to(device) for t in _pyg(g)), g.number_of_nodes(),
-                                           tol=1e-12, dtype=torch.float64)
+        single, _ = eigenvector_centrality(
+            *(t.to(device) for t in _pyg(g)), g.number_of_nodes(), tol=1e-12, dtype=torch.float64
+        )
         np.testing.assert_allclose(xi, single.cpu().numpy(), atol=1e-12)
 
 
 def test_networkx_method_reproduces_iterations():
     g = _random_graph(3, n=30)
     ei, ew = _pyg(g)
-    x, res = eigenvector_centrality(ei, ew, 30, method="networkx", tol=1e-6, max_iter=1000,
-                                    dtype=torch.float64)
+    x, res = eigenvector_centrality(ei, ew, 30, method="networkx", tol=1e-6, max_iter=1000, dtype=torch.float64)
     it = int(res.iterations)
     ref = nx.eigenvector_centrality(g, weight="weight", max_iter=it, tol=1e-6)
     np.testing.assert_allclose(x.numpy(), [ref[i] for i in range(30)], atol=1e-12)
@@ -97,7 +102,7 @@ def test_all_zero_and_self_loop_graph():
     ei = torch.tensor([[0, 1], [1, 0]])
     x, res = eigenvector_centrality(ei, torch.zeros(2, dtype=torch.float64), 3)
     assert res.converged.all() and float(res.eigenvalue) == 0
-    np.testing.assert_allclose(x.numpy(), np.full(3, 3 ** -0.5))
+    np.testing.assert_allclose(x.numpy(), np.full(3, 3**-0.5))
     g = nx.Graph()
     g.add_weighted_edges_from([(0, 0, 2.0), (0, 1, 1.0), (1, 2, 0.5)])
     ei = to_undirected(torch.tensor([[0, 0, 1], [0, 1, 2]]))

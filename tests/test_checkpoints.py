@@ -70,7 +70,9 @@ def test_shape_mismatch_and_missing_key_name_file_and_parameter(lenet_ckpts):
     bad["features.3.weight"] = torch.zeros(16, 6, 3, 3)
     save_file(bad, tmp / "bad.safetensors")
     run = Run(model=model, checkpoints=[sd, tmp / "bad.safetensors"])
-    with pytest.raises(CheckpointError, match=r"bad.safetensors: parameter 'features.3.weight' has shape \[16, 6, 3, 3\]"):
+    with pytest.raises(
+        CheckpointError, match=r"bad.safetensors: parameter 'features.3.weight' has shape \[16, 6, 3, 3\]"
+    ):
         analyze(run, device="cpu")
     missing = {k: v for k, v in sd.items() if k != "classifier.4.weight"}
     run = Run(model=model, checkpoints=[missing], name="r7")
@@ -96,12 +98,21 @@ def test_from_dir_reads_run_json(tmp_path):
     model = LeNet5(in_channels=1, num_classes=10)
     files = []
     for t in range(3):
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / f"ckpt-{t + 1:04d}.safetensors")
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / f"ckpt-{t + 1:04d}.safetensors"
+        )
         files.append(f"ckpt-{t + 1:04d}.safetensors")
-    (tmp_path / "run.json").write_text(json.dumps({
-        "model": "lenet5", "model_kwargs": {"in_channels": 1, "num_classes": 10},
-        "checkpoints": [{"file": f, "step": i} for i, f in enumerate(files)],
-        "final_accuracy": 0.93, "status": "complete"}))
+    (tmp_path / "run.json").write_text(
+        json.dumps(
+            {
+                "model": "lenet5",
+                "model_kwargs": {"in_channels": 1, "num_classes": 10},
+                "checkpoints": [{"file": f, "step": i} for i, f in enumerate(files)],
+                "final_accuracy": 0.93,
+                "status": "complete",
+            }
+        )
+    )
     run = Run.from_dir(tmp_path)
     assert len(run) == 3 and run.final_accuracy == 0.93 and run.name == tmp_path.name
     assert analyze(run, device="cpu").converged.all()

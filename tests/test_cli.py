@@ -17,8 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "sweep"
-    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.02, 0.1), dropouts=(0.0, 0.5), seeds=2,
-                      epochs=2, checkpoint_every=10, checkpoint_unit="step")
+    cfg = SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.002, 0.02, 0.1),
+        dropouts=(0.0, 0.5),
+        seeds=2,
+        epochs=2,
+        checkpoint_every=10,
+        checkpoint_unit="step",
+    )
     return run_sweep(cfg, out, progress=False, device="cpu")
 
 
@@ -53,20 +61,60 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     row = json.loads(capsys.readouterr().out)[0]
     assert set(row) == {"features", "k", *METRICS} and len(row["average_precision"]["values"]) == 2
     # option beyond SPEC: log(lambda_1) per timestep; the predictor featurises new runs the same way
-    assert main(["featurize", str(sweep), "--timesteps", "2", "--eigenvalue", "--out", str(csv), "--device", "cpu"]) == 0
+    assert (
+        main(["featurize", str(sweep), "--timesteps", "2", "--eigenvalue", "--out", str(csv), "--device", "cpu"]) == 0
+    )
     assert csv.read_text().splitlines()[0].endswith("kurtosis_t2,log_eigenvalue_t2")
     assert main(["featurize", str(sweep), "--timesteps", "1", "--per-layer", "--out", str(csv), "--device", "cpu"]) == 0
     assert len(csv.read_text().splitlines()[0].split(",")) == 2 + 30
     assert "classifier.7:kurtosis_t1" in csv.read_text().splitlines()[0]
-    assert main(["train", str(sweep), "--timesteps", "2", "--eigenvalue", "--per-layer", "--out", str(pred),
-                 "--epochs", "20", "--scaling", "quantile", "--select", "4", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(sweep),
+                "--timesteps",
+                "2",
+                "--eigenvalue",
+                "--per-layer",
+                "--out",
+                str(pred),
+                "--epochs",
+                "20",
+                "--scaling",
+                "quantile",
+                "--select",
+                "4",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     back = dtg_gpu.PerformancePredictor.load(pred)
     assert back.scaling == "quantile" and back.select == 4 and back.selected_.size == 4
     capsys.readouterr()
     assert main(["predict", str(pred), str(sweep / "run-0002"), "--device", "cpu"]) == 0
     assert "P(sufficient)=" in capsys.readouterr().out
-    assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--scaling", "quantile",
-                 "--select", "3", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(sweep),
+                "--timesteps",
+                "2",
+                "--repeats",
+                "2",
+                "--scaling",
+                "quantile",
+                "--select",
+                "3",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "precision" in capsys.readouterr().out
 
 
@@ -91,7 +139,10 @@ def test_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
     assert "learning rates must be positive" in capsys.readouterr().err
     assert main(["featurize", str(tmp_path), "--out", "x.csv"]) == 1
     assert "no sweep.json" in capsys.readouterr().err
-    assert main(["sweep", "--dataset", "mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "m"), "--quiet"]) == 1
+    assert (
+        main(["sweep", "--dataset", "mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "m"), "--quiet"])
+        == 1
+    )
     assert "mnist was not found" in capsys.readouterr().err
     assert main(["sweep", "--model", "lenet5", "--width", "0.5", "--out", str(tmp_path / "w"), "--quiet"]) == 1
     assert "--width applies to vgg" in capsys.readouterr().err
@@ -99,9 +150,34 @@ def test_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
 
 def test_sweep_command_trains_a_narrow_vgg_grouped(tmp_path, capsys):
     out = tmp_path / "vgg"
-    assert main(["sweep", "--model", "vgg11", "--width", "0.0625", "--lr", "0.01", "--dropout", "0", "0.5",
-                 "--epochs", "1", "--checkpoint-every", "10", "--checkpoint-unit", "step", "--out", str(out),
-                 "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--model",
+                "vgg11",
+                "--width",
+                "0.0625",
+                "--lr",
+                "0.01",
+                "--dropout",
+                "0",
+                "0.5",
+                "--epochs",
+                "1",
+                "--checkpoint-every",
+                "10",
+                "--checkpoint-unit",
+                "step",
+                "--out",
+                str(out),
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     metas = [json.loads((out / f"run-{i:04d}" / "run.json").read_text()) for i in range(2)]
     assert all(m["trained_with"] == "grouped" and len(m["checkpoints"]) == 2 for m in metas)
     capsys.readouterr()
@@ -116,8 +192,13 @@ def test_demo_quick(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "precision" in out and "learning_curve" in out
     report = tmp_path / "demo" / "report"
-    for f in ("index.html", "statistics_over_training.png", "precision_auc_vs_k.png",
-              "roc_confusion.png", "centrality_per_layer.png"):
+    for f in (
+        "index.html",
+        "statistics_over_training.png",
+        "precision_auc_vs_k.png",
+        "roc_confusion.png",
+        "centrality_per_layer.png",
+    ):
         assert (report / f).stat().st_size > 1000
     results = json.loads((tmp_path / "demo" / "results.json").read_text())
     assert results["runs"] == 16 and results["timesteps"] == 8

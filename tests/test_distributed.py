@@ -27,8 +27,17 @@ from dtg_gpu.sweeps import SweepConfig, SweepRuns, load_sweep, run_sweep  # noqa
 from dtg_gpu.workflow import featurize_sweep  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-TINY = dict(model="lenet5", dataset="digits", lrs=(0.01, 0.05, 0.2), dropouts=(0.0, 0.5), seeds=1,
-            epochs=2, checkpoint_every=10, checkpoint_unit="step", batch_size=64)
+TINY = dict(
+    model="lenet5",
+    dataset="digits",
+    lrs=(0.01, 0.05, 0.2),
+    dropouts=(0.0, 0.5),
+    seeds=1,
+    epochs=2,
+    checkpoint_every=10,
+    checkpoint_unit="step",
+    batch_size=64,
+)
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -47,8 +56,14 @@ def same_features(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}", "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}", "OMP_NUM_THREADS": "1"}},
+    )
     yield
     ray.shutdown()
 
@@ -74,6 +89,7 @@ def copy_of(sweep, tmp_path):
         dst = tmp_path / "sweep"
         shutil.copytree(sweep, dst, ignore=shutil.ignore_patterns(CACHE_DIRNAME))
         return dst
+
     return make
 
 
@@ -81,7 +97,7 @@ def mixed_runs(path: Path, vgg: Path) -> SweepRuns:
     """LeNet-5 runs, one with a damaged checkpoint, then VGG-11 runs (same run names)."""
     runs = load_sweep(path)
     bad = Path(runs[2].checkpoints[1])
-    bad.write_bytes(b"\x00" * bad.stat().st_size)   # complete by size, unreadable
+    bad.write_bytes(b"\x00" * bad.stat().st_size)  # complete by size, unreadable
     return SweepRuns(list(runs) + list(load_sweep(vgg)), path=path)
 
 
@@ -92,14 +108,16 @@ def test_cache_resumes_bit_identical_and_never_reads_stale_entries(copy_of, monk
     first = featurize_sweep(load_sweep(path), device="cpu", chunk_size=8)
     same_features(fresh, first)
     entries = sorted((path / CACHE_DIRNAME).glob("run-*/*.safetensors"))
-    assert len(entries) == 6   # one per run
+    assert len(entries) == 6  # one per run
 
     solved = []
     real = executors.iter_solve
-    monkeypatch.setattr(executors, "iter_solve", lambda chunks, *a, **k: solved.append(len(chunks)) or real(chunks, *a, **k))
+    monkeypatch.setattr(
+        executors, "iter_solve", lambda chunks, *a, **k: solved.append(len(chunks)) or real(chunks, *a, **k)
+    )
     again = featurize_sweep(load_sweep(path), device="cpu", chunk_size=8)
     same_features(fresh, again)
-    assert solved == []   # everything from the cache
+    assert solved == []  # everything from the cache
 
     # a rewritten checkpoint: its unit (2 runs of 4 checkpoints) is solved again
     ckpt = Path(load_sweep(path)[3].checkpoints[0])
@@ -108,15 +126,15 @@ def test_cache_resumes_bit_identical_and_never_reads_stale_entries(copy_of, monk
     assert solved == [1]
     # damaged and foreign entries are misses, solved again, never an error
     entries[0].write_bytes(b"not a safetensors file")
-    entries[5].write_bytes(entries[4].read_bytes())   # another run's entry under this name
+    entries[5].write_bytes(entries[4].read_bytes())  # another run's entry under this name
     solved.clear()
     same_features(fresh, featurize_sweep(load_sweep(path), device="cpu", chunk_size=8))
-    assert solved == [2]   # units 0 and 2, in one pipelined pass
+    assert solved == [2]  # units 0 and 2, in one pipelined pass
     # other settings, another chunking: other keys
     solved.clear()
     featurize_sweep(load_sweep(path), device="cpu", dtype=torch.float64, chunk_size=8)
     featurize_sweep(load_sweep(path), device="cpu", chunk_size=4)
-    assert solved == [3, 6]   # 3 units of 2 runs in float64; 6 units of one run
+    assert solved == [3, 6]  # 3 units of 2 runs in float64; 6 units of one run
     assert len(list((path / CACHE_DIRNAME).glob("run-0000/*.safetensors"))) == 3
 
 
@@ -150,7 +168,7 @@ def test_ray_is_bit_identical_to_local_with_bad_runs_named(local_ray, copy_of, v
     runs = mixed_runs(path, vgg_sweep)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FailedRunsWarning)
-        for chunk in (None, 4):   # default plan (3 runs a unit) and one run a unit
+        for chunk in (None, 4):  # default plan (3 runs a unit) and one run a unit
             local = featurize_sweep(runs, cache=False, device="cpu", chunk_size=chunk)
             remote = featurize_sweep(runs, cache=False, device="cpu", chunk_size=chunk, executor="ray")
             same_features(local, remote)
@@ -219,8 +237,13 @@ def test_a_killed_driver_resumes_where_it_stopped(copy_of):
     path = copy_of()
     expected = featurize_sweep(load_sweep(path), cache=False, device="cpu", chunk_size=4)
     env = {**os.environ, "PYTHONPATH": f"{HERE}:{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, str(HERE / "ray_driver.py"), str(path), "1.0"], env=env,
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "ray_driver.py"), str(path), "1.0"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     cache = path / CACHE_DIRNAME
     try:
         deadline = time.monotonic() + 180
@@ -233,21 +256,40 @@ def test_a_killed_driver_resumes_where_it_stopped(copy_of):
     assert 1 <= len(before) < 6, out[-2000:]
     got = featurize_sweep(slow(load_sweep(path)), device="cpu", chunk_size=4)
     same_features(expected, got)
-    assert all(p.stat().st_mtime_ns == ns for p, ns in before.items())   # cached runs not solved again
+    assert all(p.stat().st_mtime_ns == ns for p, ns in before.items())  # cached runs not solved again
     assert len(list(cache.glob("run-*/*.safetensors"))) == 6
 
 
 def test_sweep_on_ray_trains_every_run_and_a_rerun_skips_finished_ones(local_ray, tmp_path, capsys):
     out = tmp_path / "raysweep"
-    args = ["sweep", "--model", "lenet5", "--lr", "0.01", "0.05", "--dropout", "0", "--epochs", "1",
-            "--checkpoint-every", "10", "--checkpoint-unit", "step", "--out", str(out), "--quiet",
-            "--ray", "--group-size", "1"]
+    args = [
+        "sweep",
+        "--model",
+        "lenet5",
+        "--lr",
+        "0.01",
+        "0.05",
+        "--dropout",
+        "0",
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-unit",
+        "step",
+        "--out",
+        str(out),
+        "--quiet",
+        "--ray",
+        "--group-size",
+        "1",
+    ]
     assert main(args) == 0
     runs = load_sweep(out)
     assert [r.name for r in runs] == ["run-0000", "run-0001"] and all(len(r) == 2 for r in runs)
     assert all(r.final_accuracy is not None for r in runs)
     kept = {p: p.stat().st_mtime_ns for p in (out / "run-0000").iterdir()}
-    (out / "run-0001" / "run.json").unlink()   # as if its task had been killed before the end
+    (out / "run-0001" / "run.json").unlink()  # as if its task had been killed before the end
     assert main(args) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "run-0000").iterdir()} == kept
     assert len(load_sweep(out)) == 2
@@ -255,7 +297,7 @@ def test_sweep_on_ray_trains_every_run_and_a_rerun_skips_finished_ones(local_ray
 
 def test_without_ray_installed_the_cli_says_how_to_get_it(copy_of, tmp_path, monkeypatch, capsys):
     path = copy_of()
-    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     monkeypatch.delitem(sys.modules, "dtg_gpu.integrations.ray_cluster", raising=False)
     assert main(["featurize", str(path), "--out", str(tmp_path / "f.csv"), "--ray", "--no-cache"]) == 1
     assert "pip install 'dtg_gpu[ray]'" in capsys.readouterr().err

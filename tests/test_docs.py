@@ -29,8 +29,16 @@ def _pages_with_python():
 def sweep_dir(tmp_path_factory):
     """The ``SWEEP`` folder the docs' examples read."""
     root = tmp_path_factory.mktemp("docs")
-    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.003, 0.3), dropouts=(0.0, 0.5), seeds=2,
-                      epochs=1, checkpoint_every=1, checkpoint_unit="step")   # 20 checkpoints
+    cfg = SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.003, 0.3),
+        dropouts=(0.0, 0.5),
+        seeds=2,
+        epochs=1,
+        checkpoint_every=1,
+        checkpoint_unit="step",
+    )  # 20 checkpoints
     run_sweep(cfg, root / "SWEEP", progress=False, device="cpu")
     return root
 

@@ -19,8 +19,16 @@ from dtg_gpu.demo import demo_config, run_demo
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 from dtg_gpu.workflow import compare, featurize_sweep
 
-CFG = SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.02, 0.1), dropouts=(0.0, 0.5), seeds=2,
-                  epochs=2, checkpoint_every=10, checkpoint_unit="step")
+CFG = SweepConfig(
+    model="lenet5",
+    dataset="digits",
+    lrs=(0.002, 0.02, 0.1),
+    dropouts=(0.0, 0.5),
+    seeds=2,
+    epochs=2,
+    checkpoint_every=10,
+    checkpoint_unit="step",
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,7 @@ def tamper(sweep):
     run-0004: complete, but its run.json names a model that does not exist."""
     bad = _files(sweep / "run-0002")[1]
     data = bytearray(bad.read_bytes())
-    data[:8] = b"\xff" * 8          # the header length: corrupt, same size
+    data[:8] = b"\xff" * 8  # the header length: corrupt, same size
     bad.write_bytes(bytes(data))
     for f in _files(sweep / "run-0003"):
         save_file({k: v * 1e17 for k, v in load_file(f).items()}, str(f))
@@ -45,7 +53,7 @@ def tamper(sweep):
     meta["model"] = "foonet"
     (sweep / "run-0004" / "run.json").write_text(json.dumps(meta))
     meta = json.loads((sweep / "run-0005" / "run.json").read_text())
-    meta["status"] = "diverged"       # as training records a run whose loss became NaN
+    meta["status"] = "diverged"  # as training records a run whose loss became NaN
     (sweep / "run-0005" / "run.json").write_text(json.dumps(meta))
     return bad
 
@@ -78,7 +86,7 @@ def test_featurize_isolates_a_corrupt_checkpoint(bad_sweep, clean_sweep):
     i_bad = names.index("run-0002")
     assert torch.isnan(X[i_bad]).all()
     good = [i for i in range(len(runs)) if i != i_bad]
-    assert torch.isfinite(X[good]).all()   # the diverged-but-finite run solves like the others
+    assert torch.isfinite(X[good]).all()  # the diverged-but-finite run solves like the others
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FailedRunsWarning)
         clean = {r.name: r for r in load_sweep(clean_sweep)}
@@ -106,18 +114,35 @@ def test_cli_goes_on_past_bad_runs_and_strict_stops(bad_sweep, tmp_path, capsys)
     lines = csv.read_text().splitlines()
     assert len(lines) == 1 + 11
     bad_row = next(line for line in lines if line.startswith("run-0002,"))
-    assert bad_row.split(",")[2] == ""          # NaN features, written as empty fields
+    assert bad_row.split(",")[2] == ""  # NaN features, written as empty fields
     err = capsys.readouterr().err
     assert "run-0002" in err and "run-0004" in err
-    assert main(["featurize", str(bad_sweep), "--timesteps", "2", "--out", str(csv), "--strict", "--device", "cpu"]) == 1
+    assert (
+        main(["featurize", str(bad_sweep), "--timesteps", "2", "--out", str(csv), "--strict", "--device", "cpu"]) == 1
+    )
     assert "foonet" in capsys.readouterr().err
     pred = tmp_path / "p.safetensors"
-    assert main(["train", str(bad_sweep), "--timesteps", "2", "--out", str(pred), "--epochs", "20", "--device", "cpu"]) == 0
+    assert (
+        main(["train", str(bad_sweep), "--timesteps", "2", "--out", str(pred), "--epochs", "20", "--device", "cpu"])
+        == 0
+    )
     assert "trained on 10 runs" in capsys.readouterr().out
     assert main(["evaluate", str(bad_sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu"]) == 0
     assert "precision" in capsys.readouterr().out
-    assert main(["predict", str(pred), str(bad_sweep / "run-0001"), str(bad_sweep / "run-0002"),
-                 str(bad_sweep / "run-0004"), "--device", "cpu"]) == 1
+    assert (
+        main(
+            [
+                "predict",
+                str(pred),
+                str(bad_sweep / "run-0001"),
+                str(bad_sweep / "run-0002"),
+                str(bad_sweep / "run-0004"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("run-0001\tP(sufficient)=0.") or out[0].startswith("run-0001\tP(sufficient)=1.")
     assert "run-0002" in out[1] and out[1].endswith("failed")
@@ -135,10 +160,10 @@ def test_demo_finishes_on_a_sweep_with_bad_runs(tmp_path):
     assert set(results["failed_runs"]) == {"run-0002", "run-0004"}
     page = (out / "report" / "index.html").read_text()
     assert "Runs left out (2)" in page and "run-0002" in page and "foonet" in page
-    table = page[page.index('<table class="sortable">'):page.index("</table>")]
-    assert table.count("<tr") == 1 + 15                       # header + every run that loaded
-    assert table.count('<tr class="out">') == 1               # run-0002: loaded, but unreadable
-    assert '<tr class="div"><td data-v="run-0005">' in table   # the diverged run is marked
+    table = page[page.index('<table class="sortable">') : page.index("</table>")]
+    assert table.count("<tr") == 1 + 15  # header + every run that loaded
+    assert table.count('<tr class="out">') == 1  # run-0002: loaded, but unreadable
+    assert '<tr class="div"><td data-v="run-0005">' in table  # the diverged run is marked
     ks = results["early_k"], results["timesteps"]
     assert f"P(sufficient) k={ks[0]}" in table and f"verdict k={ks[1]}" in table
     assert "addEventListener" in page

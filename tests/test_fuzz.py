@@ -32,13 +32,18 @@ from dtg_gpu.models import LeNet5
 from dtg_gpu.sweeps import load_sweep
 
 EXAMPLES = int(os.environ.get("DTG_FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("DTG_FUZZ_RANDOM"),
-                suppress_health_check=list(HealthCheck), database=None)
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("DTG_FUZZ_RANDOM"),
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
 
 ROOT = Path(tempfile.mkdtemp(prefix="dtg-fuzz-"))
 INSIDE = ROOT / "sweep" / "run-0000"
 INSIDE.mkdir(parents=True)
-SECRET = ROOT / "secret.safetensors"          # outside the run folder: must never be opened
+SECRET = ROOT / "secret.safetensors"  # outside the run folder: must never be opened
 
 # --------------------------------------------------------------- watching every open
 _VIOLATIONS: list[str] = []
@@ -87,13 +92,26 @@ def _bytes_of(write) -> bytes:
 SEEDS = {
     ".safetensors": _bytes_of(lambda p: save_file(STATE, str(p))),
     ".pt": _bytes_of(lambda p: torch.save(STATE, p)),
-    ".ckpt": _bytes_of(lambda p: torch.save({"state_dict": {f"model.{k}": v for k, v in STATE.items()},
-                                              "epoch": 3, "hyper_parameters": {
-                                                  "lr": np.float64(0.1), "args": argparse.Namespace(lr=0.1)}}, p)),
+    ".ckpt": _bytes_of(
+        lambda p: torch.save(
+            {
+                "state_dict": {f"model.{k}": v for k, v in STATE.items()},
+                "epoch": 3,
+                "hyper_parameters": {"lr": np.float64(0.1), "args": argparse.Namespace(lr=0.1)},
+            },
+            p,
+        )
+    ),
 }
-RUN_JSON = {"name": "run-0000", "model": "lenet5", "model_kwargs": {"num_classes": 10, "in_channels": 1},
-            "checkpoints": [{"file": "ckpt-0001.safetensors", "val_accuracy": 0.5}],
-            "final_accuracy": 0.9, "complete": True, "status": "complete"}
+RUN_JSON = {
+    "name": "run-0000",
+    "model": "lenet5",
+    "model_kwargs": {"num_classes": 10, "in_channels": 1},
+    "checkpoints": [{"file": "ckpt-0001.safetensors", "val_accuracy": 0.5}],
+    "final_accuracy": 0.9,
+    "complete": True,
+    "status": "complete",
+}
 
 
 @st.composite
@@ -110,21 +128,40 @@ def mutated(draw, data: bytes) -> bytes:
             out[pos:pos] = draw(st.binary(min_size=1, max_size=16))
         elif kind == "overwrite":
             chunk = draw(st.binary(min_size=1, max_size=64))
-            out[pos:pos + len(chunk)] = chunk
-        elif kind == "header" and len(out) > 16:   # the first bytes: length fields, JSON header, zip magic
+            out[pos : pos + len(chunk)] = chunk
+        elif kind == "header" and len(out) > 16:  # the first bytes: length fields, JSON header, zip magic
             p = draw(st.integers(0, min(len(out) - 1, 200)))
             out[p] = draw(st.integers(0, 255))
     return bytes(out)
 
 
-SPECIAL = st.sampled_from(["../secret.safetensors", str(SECRET), "/etc/passwd", "..", ".", "",
-                           "ckpt-0001.safetensors", "sub/../../../secret.safetensors", "lenet5", "ema.",
-                           "\x00", "vgg11", "1e309"])
+SPECIAL = st.sampled_from(
+    [
+        "../secret.safetensors",
+        str(SECRET),
+        "/etc/passwd",
+        "..",
+        ".",
+        "",
+        "ckpt-0001.safetensors",
+        "sub/../../../secret.safetensors",
+        "lenet5",
+        "ema.",
+        "\x00",
+        "vgg11",
+        "1e309",
+    ]
+)
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=20) | SPECIAL,
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | SPECIAL,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12) | SPECIAL, inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 def _clean_inside():
@@ -157,7 +194,7 @@ def bounded_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     yield
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    assert grown < 1_000_000, f"peak RSS grew by {grown / 1e6:.1f} GB while fuzzing"   # KiB
+    assert grown < 1_000_000, f"peak RSS grew by {grown / 1e6:.1f} GB while fuzzing"  # KiB
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".ckpt"])
@@ -176,15 +213,22 @@ def test_fuzz_checkpoint_files(suffix):
 
 def test_fuzz_run_json():
     @FUZZ
-    @given(fields=st.dictionaries(st.sampled_from(sorted(RUN_JSON) + ["file", "prefix"]), JSON, max_size=4),
-           whole=st.one_of(st.none(), JSON), raw=st.one_of(st.none(), st.binary(max_size=64)))
+    @given(
+        fields=st.dictionaries(st.sampled_from(sorted(RUN_JSON) + ["file", "prefix"]), JSON, max_size=4),
+        whole=st.one_of(st.none(), JSON),
+        raw=st.one_of(st.none(), st.binary(max_size=64)),
+    )
     def case(fields, whole, raw):
         _clean_inside()
         (INSIDE / "ckpt-0001.safetensors").write_bytes(SEEDS[".safetensors"])
         meta = json.loads(json.dumps(RUN_JSON))
         meta.update(fields)
-        if isinstance(meta.get("checkpoints"), list) and fields.get("file") is not None and meta["checkpoints"] \
-                and isinstance(meta["checkpoints"][0], dict):
+        if (
+            isinstance(meta.get("checkpoints"), list)
+            and fields.get("file") is not None
+            and meta["checkpoints"]
+            and isinstance(meta["checkpoints"][0], dict)
+        ):
             meta["checkpoints"][0]["file"] = fields["file"]
         text = raw if raw is not None else json.dumps(meta if whole is None else whole).encode()
         (INSIDE / "run.json").write_bytes(text)
@@ -209,6 +253,7 @@ def test_fuzz_sweep_json():
                 warnings.simplefilter("ignore")
                 for run in load_sweep(INSIDE.parent):
                     run.weights(0)
+
         _expect_documented(load)
 
     case()
@@ -231,11 +276,14 @@ PRED_META, PRED_TENSORS = _predictor_seed()
 
 def test_fuzz_predictor_files():
     @FUZZ
-    @given(params=st.dictionaries(st.sampled_from(sorted(PRED_META["params"]) + ["evil"]), JSON, max_size=3),
-           top=st.dictionaries(st.sampled_from(["classes", "n_features_in", "format"]), JSON, max_size=2),
-           drop=st.lists(st.sampled_from(sorted(PRED_TENSORS)), max_size=2),
-           scale=st.floats(allow_nan=True, allow_infinity=True), flip=st.booleans(),
-           tail=st.one_of(st.none(), mutated(b"\x00" * 64)))
+    @given(
+        params=st.dictionaries(st.sampled_from(sorted(PRED_META["params"]) + ["evil"]), JSON, max_size=3),
+        top=st.dictionaries(st.sampled_from(["classes", "n_features_in", "format"]), JSON, max_size=2),
+        drop=st.lists(st.sampled_from(sorted(PRED_TENSORS)), max_size=2),
+        scale=st.floats(allow_nan=True, allow_infinity=True),
+        flip=st.booleans(),
+        tail=st.one_of(st.none(), mutated(b"\x00" * 64)),
+    )
     def case(params, top, drop, scale, flip, tail):
         meta = json.loads(json.dumps(PRED_META))
         meta["params"].update(params)
@@ -256,6 +304,7 @@ def test_fuzz_predictor_files():
             clf = PerformancePredictor.load(path)
             proba = clf.predict_proba(np.zeros((2, clf.n_features_in_)))
             assert proba.shape == (2, len(clf.classes_)) and np.isfinite(proba).all()
+
         _expect_documented(load_and_predict)
 
     case()

@@ -27,12 +27,12 @@ def test_grouped_forward_and_gradients_match_each_model(name, kw, device):
     net = GroupedSequential(models, [0.0, 0.0, 0.0], example=x)
     out = net.forward(x, train=True)  # dropout 0: training forward is deterministic
     assert out.shape == (3, 7, 10)
-    grads = torch.autograd.grad((out ** 2).sum(), list(net.params.values()))
+    grads = torch.autograd.grad((out**2).sum(), list(net.params.values()))
     for j, m in enumerate(models):
         m.train()
         ref = m(x)
         torch.testing.assert_close(out[j], ref, rtol=1e-5, atol=1e-5)
-        (ref ** 2).sum().backward()
+        (ref**2).sum().backward()
         for g, (key, _p) in zip(grads, net.params.items()):
             torch.testing.assert_close(g[j], dict(m.named_parameters())[key].grad, rtol=1e-4, atol=1e-5)
         assert net.state(j).keys() == m.state_dict().keys()
@@ -79,8 +79,16 @@ def test_models_that_are_not_plain_sequences_are_refused():
 
 def test_grouped_sweep_trains_like_one_run_at_a_time(tmp_path):
     # dropout 0: same initial weights (seed), same batches (seed), same SGD rule -> same weights
-    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.01, 0.05), dropouts=(0.0,), seeds=1,
-                      epochs=1, checkpoint_every=10, checkpoint_unit="step")
+    cfg = SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.01, 0.05),
+        dropouts=(0.0,),
+        seeds=1,
+        epochs=1,
+        checkpoint_every=10,
+        checkpoint_unit="step",
+    )
     a = run_sweep(cfg, tmp_path / "grouped", progress=False, device="cpu")
     b = run_sweep(cfg, tmp_path / "single", progress=False, device="cpu", group_size=1)
     for run in ("run-0000", "run-0001"):
@@ -95,15 +103,27 @@ def test_grouped_sweep_trains_like_one_run_at_a_time(tmp_path):
 
 
 def test_grouped_sweep_isolates_a_diverging_run(tmp_path):
-    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.05, 1e4), dropouts=(0.0, 0.5), seeds=1,
-                      epochs=1, checkpoint_every=10, checkpoint_unit="step")
+    cfg = SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.05, 1e4),
+        dropouts=(0.0, 0.5),
+        seeds=1,
+        epochs=1,
+        checkpoint_every=10,
+        checkpoint_unit="step",
+    )
     out = run_sweep(cfg, tmp_path / "div", progress=False, device="cpu")
     metas = [json.loads((out / f"run-{i:04d}" / "run.json").read_text()) for i in range(4)]
     assert [m["status"] for m in metas] == ["complete", "complete", "diverged", "diverged"]
     assert all(m["trained_with"] == "grouped" for m in metas)
     # the healthy dropout-0 run trained as if alone
-    alone = run_sweep(SweepConfig(**{**cfg.__dict__, "lrs": (0.05,), "dropouts": (0.0,)}), tmp_path / "alone",
-                      progress=False, device="cpu")
+    alone = run_sweep(
+        SweepConfig(**{**cfg.__dict__, "lrs": (0.05,), "dropouts": (0.0,)}),
+        tmp_path / "alone",
+        progress=False,
+        device="cpu",
+    )
     ref = json.loads((alone / "run-0000" / "run.json").read_text())
     for ca, cb in zip(metas[0]["checkpoints"], ref["checkpoints"]):
         wa, wb = load_file(out / "run-0000" / ca["file"]), load_file(alone / "run-0000" / cb["file"])

@@ -65,8 +65,9 @@ def test_report_sqlite_writes_safetensors_beside_the_database(tmp_path):
     folder = checkpoint_folder(study)
     assert folder == tmp_path / "study.db.dtg" / "my_study_1"
     files = sorted(p.name for p in (folder / "trial-000000").iterdir())
-    assert files == ["step-000000007.safetensors"]   # no temporary left behind
+    assert files == ["step-000000007.safetensors"]  # no temporary left behind
     from safetensors.torch import load_file
+
     torch.testing.assert_close(load_file(folder / "trial-000000" / files[0])["2.weight"], _net()[2].weight.detach())
     # another process (a fresh load of the same storage) sees the same record and file
     again = optuna.load_study(study_name="my study/1", storage=f"sqlite:///{db}")
@@ -108,18 +109,23 @@ def test_multi_objective_is_refused_clearly_but_checkpoints_record():
     trial = study.ask()
     with pytest.raises(ValueError, match="multi-objective"):
         report(trial, _net(), 0, value=0.3)
-    report(trial, _net(), 0)   # no value: the checkpoint is still recorded
+    report(trial, _net(), 0)  # no value: the checkpoint is still recorded
     assert trial_records(study.trials[0])[0] == [0]
     with pytest.raises(ValueError, match="multi-objective"):
         DTGPruner().probability(study, study.trials[0])
 
 
-@pytest.mark.parametrize("kw, match", [({"min_probability": 1.5}, "min_probability"),
-                                       ({"patience": 0}, "patience"),
-                                       ({"features": "nope"}, "features"),
-                                       ({"threshold": "mean"}, "threshold"),
-                                       ({"use_values": "yes"}, "use_values"),
-                                       ({"n_startup_trials": -1}, "n_startup_trials")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"min_probability": 1.5}, "min_probability"),
+        ({"patience": 0}, "patience"),
+        ({"features": "nope"}, "features"),
+        ({"threshold": "mean"}, "threshold"),
+        ({"use_values": "yes"}, "use_values"),
+        ({"n_startup_trials": -1}, "n_startup_trials"),
+    ],
+)
 def test_pruner_parameters_checked_when_made(kw, match):
     with pytest.raises(ValueError, match=match):
         DTGPruner(**kw)
@@ -170,13 +176,11 @@ def test_given_predictor_is_used_at_its_own_k():
     runs = [(_records(1.0, 3, i), 1) for i in range(8)] + [(_records(2.5, 3, 20 + i), 0) for i in range(8)]
     X = np.stack([feature_vector(r, 2) for r, _ in runs])
     y = np.array([lab for _, lab in runs])
-    clf = PerformancePredictor(random_state=0, epochs=200,
-                               feature_settings={"timesteps": 2, "alpha": 0.5}).fit(X, y)
+    clf = PerformancePredictor(random_state=0, epochs=200, feature_settings={"timesteps": 2, "alpha": 0.5}).fit(X, y)
     rule = StoppingRule(predictor=clf)
     recs = _records(2.5, 3, 77)
-    assert rule.probability(recs[:1], None, []) is None          # before the predictor's k
-    assert rule.probability(recs[:2], None, []) == pytest.approx(
-        clf.predict_proba(feature_vector(recs, 2)[None])[0, 1])
+    assert rule.probability(recs[:1], None, []) is None  # before the predictor's k
+    assert rule.probability(recs[:2], None, []) == pytest.approx(clf.predict_proba(feature_vector(recs, 2)[None])[0, 1])
     with pytest.raises(ValueError, match="fitted PerformancePredictor"):
         StoppingRule(predictor=PerformancePredictor())
 
@@ -210,6 +214,7 @@ def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tm
     assert best.state == optuna.trial.TrialState.COMPLETE and len(trial_records(best)[0]) == 4
     assert best.params["lr"] in (0.02, 0.03, 0.05, 0.1)
     from dtg_gpu.models import LeNet5
+
     res = dtg_gpu.analyze(trial_run(study, best, LeNet5()))
     assert res.converged.all()
     # every stored decision follows from the storage alone: a fresh rule, given the trials that
@@ -217,11 +222,15 @@ def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tm
     rule = StoppingRule(n_startup_trials=4, use_values=False, features="dtg_per_layer", min_probability=0.3, patience=1)
     for t in done:
         steps, recs = trial_records(t)
-        finished = [(u.number, trial_records(u)[1], None, u.value) for u in trials
-                    if u.state == optuna.trial.TrialState.COMPLETE and u.datetime_complete < t.datetime_start]
+        finished = [
+            (u.number, trial_records(u)[1], None, u.value)
+            for u in trials
+            if u.state == optuna.trial.TrialState.COMPLETE and u.datetime_complete < t.datetime_start
+        ]
         for s, step in enumerate(steps):
             stored = t.system_attrs[f"dtg:p:{step:09d}"]
-            again = rule.probability(recs[:s + 1], None, finished)
+            again = rule.probability(recs[: s + 1], None, finished)
             assert (stored is None and again is None) or stored == pytest.approx(again, abs=1e-9)
         assert (t.state == optuna.trial.TrialState.PRUNED) == rule.should_stop(
-            [t.system_attrs[f"dtg:p:{st:09d}"] for st in steps])
+            [t.system_attrs[f"dtg:p:{st:09d}"] for st in steps]
+        )

@@ -9,9 +9,13 @@ import dtg_gpu
 from dtg_gpu import PerformancePredictor, evaluate, label_runs, split_runs
 
 
-@parametrize_with_checks([PerformancePredictor(epochs=60, random_state=0),
-                          PerformancePredictor(epochs=60, random_state=0, scaling="quantile"),
-                          PerformancePredictor(epochs=60, random_state=0, scaling="quantile", select=2)])
+@parametrize_with_checks(
+    [
+        PerformancePredictor(epochs=60, random_state=0),
+        PerformancePredictor(epochs=60, random_state=0, scaling="quantile"),
+        PerformancePredictor(epochs=60, random_state=0, scaling="quantile", select=2),
+    ]
+)
 def test_sklearn_estimator_contract(estimator, check):
     check(estimator)
 
@@ -19,7 +23,7 @@ def test_sklearn_estimator_contract(estimator, check):
 def test_label_runs_thresholds_and_errors():
     acc = [0.2, 0.5, 0.9, 0.95, float("nan")]
     assert label_runs(acc, 0.9).tolist() == [0, 0, 1, 1, 0]
-    assert label_runs(acc, "median").tolist() == [0, 0, 1, 1, 0]   # median of finite = 0.7
+    assert label_runs(acc, "median").tolist() == [0, 0, 1, 1, 0]  # median of finite = 0.7
     assert label_runs(acc, "q0.75").tolist() == [0, 0, 0, 1, 0]
     with pytest.raises(ValueError, match=r"every one of the 5 runs is labelled insufficient.*threshold='median'"):
         label_runs(acc, 0.99)
@@ -59,10 +63,11 @@ def test_quantile_normal_matches_scikit_learn(n_quantiles):
     from sklearn.preprocessing import QuantileTransformer
 
     from dtg_gpu.predictor import quantile_normal, training_quantiles
+
     rng = np.random.default_rng(0)
-    X = rng.standard_cauchy((86, 6))             # heavy tails, like centrality kurtosis across a sweep
-    X[:, 3] = np.round(X[:, 3])                  # ties
-    X[:, 5] = 1.0                                # a constant feature
+    X = rng.standard_cauchy((86, 6))  # heavy tails, like centrality kurtosis across a sweep
+    X[:, 3] = np.round(X[:, 3])  # ties
+    X[:, 5] = 1.0  # a constant feature
     Y = np.vstack([X, 10 * rng.standard_cauchy((30, 6)), X[:5] + 1e-9, X[:5] - 1e-3])  # beyond, at the edges
     qt = QuantileTransformer(n_quantiles=min(n_quantiles, 86), output_distribution="normal").fit(X)
     q = training_quantiles(X, n_quantiles)
@@ -72,7 +77,7 @@ def test_quantile_normal_matches_scikit_learn(n_quantiles):
 
 def test_quantile_scaling_depends_on_ranks_only(tmp_path):
     X, y = _synthetic()
-    X[:, 0] = X[:, 0] ** 3 * 1e4                  # a heavy-tailed informative feature
+    X[:, 0] = X[:, 0] ** 3 * 1e4  # a heavy-tailed informative feature
     clf = PerformancePredictor(random_state=0, scaling="quantile").fit(X, y)
     assert clf.score(X, y) >= 0.9
     # a strictly increasing map of any feature leaves the training ranks, so the fit, unchanged
@@ -94,9 +99,9 @@ def test_select_keeps_the_features_that_separate_the_classes(tmp_path, scaling):
     from sklearn.feature_selection import f_classif
 
     X, _ = _synthetic(n=120, d=40)
-    y = (X[:, 0] + X[:, 3] > 0).astype(int)   # the label depends on columns 0 and 3 only
-    X[:, 0] = np.exp(X[:, 0])                 # skewed, as centrality statistics are
-    X[:, 7] = 2.0                             # a constant column scores 0, not NaN
+    y = (X[:, 0] + X[:, 3] > 0).astype(int)  # the label depends on columns 0 and 3 only
+    X[:, 0] = np.exp(X[:, 0])  # skewed, as centrality statistics are
+    X[:, 7] = 2.0  # a constant column scores 0, not NaN
     clf = PerformancePredictor(random_state=0, scaling=scaling, select=2).fit(X[:100], y[:100])
     assert clf.selected_.tolist() == [0, 3] and clf.network_[0].in_features == 2
     scaled = clf._scale_all(X[:100])
@@ -114,7 +119,8 @@ def test_select_keeps_the_features_that_separate_the_classes(tmp_path, scaling):
     # select at or above the number of features is the SPEC behaviour, to the bit
     np.testing.assert_array_equal(
         PerformancePredictor(random_state=0, scaling=scaling, select=40).fit(X, y).predict_proba(X),
-        PerformancePredictor(random_state=0, scaling=scaling).fit(X, y).predict_proba(X))
+        PerformancePredictor(random_state=0, scaling=scaling).fit(X, y).predict_proba(X),
+    )
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="select must be None or a positive integer"):
             PerformancePredictor(select=bad).fit(X, y)

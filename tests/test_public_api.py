@@ -9,18 +9,44 @@ import dtg_gpu
 
 PUBLIC = {
     # one run, many runs
-    "Run", "analyze", "AnalysisResult", "featurize", "load_state_dict",
+    "Run",
+    "analyze",
+    "AnalysisResult",
+    "featurize",
+    "load_state_dict",
     # graphs and centrality
-    "ChannelTopology", "WeightLayer", "channel_topology", "BlockOperator", "filter_norms",
-    "eigenvector_centrality", "solve_perron", "EigenResult",
+    "ChannelTopology",
+    "WeightLayer",
+    "channel_topology",
+    "BlockOperator",
+    "filter_norms",
+    "eigenvector_centrality",
+    "solve_perron",
+    "EigenResult",
     # statistics and features
-    "STATISTICS", "timestep_statistics", "temporal_features", "temporal_reinforcement",
+    "STATISTICS",
+    "timestep_statistics",
+    "temporal_features",
+    "temporal_reinforcement",
     # prediction
-    "PerformancePredictor", "label_runs", "split_runs", "evaluate",
+    "PerformancePredictor",
+    "label_runs",
+    "split_runs",
+    "evaluate",
     # errors and warnings
-    "DTGError", "CheckpointError", "UnsafeCheckpointError", "TopologyError", "InsufficientCheckpointsError",
-    "DatasetNotFoundError", "DTGWarning", "ConvergenceWarning", "DisconnectedGraphWarning", "FailedRunsWarning",
-    "NonFiniteWeightsWarning", "TracingFallbackWarning", "UncoveredWeightsWarning",
+    "DTGError",
+    "CheckpointError",
+    "UnsafeCheckpointError",
+    "TopologyError",
+    "InsufficientCheckpointsError",
+    "DatasetNotFoundError",
+    "DTGWarning",
+    "ConvergenceWarning",
+    "DisconnectedGraphWarning",
+    "FailedRunsWarning",
+    "NonFiniteWeightsWarning",
+    "TracingFallbackWarning",
+    "UncoveredWeightsWarning",
     "__version__",
 }
 

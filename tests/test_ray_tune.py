@@ -42,15 +42,23 @@ def trainable(config):
             tune.report({"acc": final if step == 4 else 0.5}, checkpoint=tune.Checkpoint.from_directory(d))
 
 
-CONFIGS = ([{"kind": "good", "seed": i} for i in range(3)] + [{"kind": "bad", "seed": i} for i in range(3)]
-           + [{"kind": "nan", "seed": 0}, {"kind": "bad", "seed": 7}, {"kind": "good", "seed": 7}])
+CONFIGS = (
+    [{"kind": "good", "seed": i} for i in range(3)]
+    + [{"kind": "bad", "seed": i} for i in range(3)]
+    + [{"kind": "nan", "seed": 0}, {"kind": "bad", "seed": 7}, {"kind": "good", "seed": 7}]
+)
 
 
 @pytest.fixture(scope="module")
 def local_ray():
     here = Path(__file__).resolve().parent
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}", "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}", "OMP_NUM_THREADS": "1"}},
+    )
     yield
     ray.shutdown()
 
@@ -58,9 +66,17 @@ def local_ray():
 def _run(tmp_path, name, scheduler=None, stopper=None):
     tuner = tune.Tuner(
         trainable,
-        tune_config=tune.TuneConfig(metric="acc", mode="max", scheduler=scheduler, max_concurrent_trials=1, reuse_actors=True,
-                                    num_samples=len(CONFIGS), search_alg=_Queue(CONFIGS)),
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name=name, stop=stopper, verbose=0))
+        tune_config=tune.TuneConfig(
+            metric="acc",
+            mode="max",
+            scheduler=scheduler,
+            max_concurrent_trials=1,
+            reuse_actors=True,
+            num_samples=len(CONFIGS),
+            search_alg=_Queue(CONFIGS),
+        ),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name=name, stop=stopper, verbose=0),
+    )
     return tuner.fit()
 
 
@@ -86,33 +102,51 @@ def test_scheduler_stops_the_bad_and_diverged_trials(local_ray, tmp_path):
     sched = DTGScheduler(model=_net(), n_startup_trials=6, min_probability=0.3, patience=2, use_values=False)
     results = _run(tmp_path, "sched", scheduler=sched)
     its = _iterations(results)
-    assert all(its[("good", i)] == 5 and its[("bad", i)] == 5 for i in range(3))   # the startup trials
-    assert its[("nan", 0)] == 2            # stopped at its first non-finite checkpoint
-    assert its[("bad", 7)] < 5             # learnt from the finished trials
+    assert all(its[("good", i)] == 5 and its[("bad", i)] == 5 for i in range(3))  # the startup trials
+    assert its[("nan", 0)] == 2  # stopped at its first non-finite checkpoint
+    assert its[("bad", 7)] < 5  # learnt from the finished trials
     assert its[("good", 7)] == 5
-    folders = {json.loads((Path(r.path) / "params.json").read_text())["kind"] + str(r.config["seed"]): Path(r.path)
-               for r in results}
+    folders = {
+        json.loads((Path(r.path) / "params.json").read_text())["kind"] + str(r.config["seed"]): Path(r.path)
+        for r in results
+    }
     assert (folders["bad7"] / "dtg-stopped.json").is_file() and not (folders["good7"] / "dtg-stopped.json").exists()
 
     # a restore: Tune hands a fresh scheduler the trials that had finished; it rebuilds them from
     # their checkpoints on storage, leaves out the ones it had stopped, and decides as before
     from types import SimpleNamespace
 
-    fresh = DTGScheduler(model=_net(), metric="acc", mode="max", n_startup_trials=6, min_probability=0.3,
-                         patience=2, use_values=False)
+    fresh = DTGScheduler(
+        model=_net(), metric="acc", mode="max", n_startup_trials=6, min_probability=0.3, patience=2, use_values=False
+    )
     for r in results:
-        fresh.on_trial_add(None, SimpleNamespace(
-            status="TERMINATED", trial_id=r.metrics["trial_id"], config=r.config, last_result=r.metrics,
-            storage=SimpleNamespace(trial_fs_path=r.path)))
-    assert len(fresh._dtg.finished) == 7                      # 9 trials, 2 stopped
+        fresh.on_trial_add(
+            None,
+            SimpleNamespace(
+                status="TERMINATED",
+                trial_id=r.metrics["trial_id"],
+                config=r.config,
+                last_result=r.metrics,
+                storage=SimpleNamespace(trial_fs_path=r.path),
+            ),
+        )
+    assert len(fresh._dtg.finished) == 7  # 9 trials, 2 stopped
     assert sched._dtg.finished.keys() == fresh._dtg.finished.keys()
     for tid, (recs, _, final) in sched._dtg.finished.items():
         assert fresh._dtg.finished[tid][0] == recs and fresh._dtg.finished[tid][2] == final
 
 
 def test_stopper_with_asha_style_scheduler(local_ray, tmp_path):
-    stopper = DTGStopper(_net(), tmp_path / "stop", metric="acc", mode="max", n_startup_trials=6,
-                         min_probability=0.3, patience=2, use_values=False)
+    stopper = DTGStopper(
+        _net(),
+        tmp_path / "stop",
+        metric="acc",
+        mode="max",
+        n_startup_trials=6,
+        min_probability=0.3,
+        patience=2,
+        use_values=False,
+    )
     its = _iterations(_run(tmp_path, "stop", stopper=stopper))
     assert its[("nan", 0)] == 2 and its[("bad", 7)] < 5 and its[("good", 7)] == 5
 

@@ -18,8 +18,16 @@ from dtg_gpu.workflow import feature_sets, featurize_sweep, run_verdicts
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    cfg = SweepConfig(model="lenet5", dataset="digits", lrs=(0.002, 0.02, 0.3), dropouts=(0.0, 0.5), seeds=2,
-                      epochs=1, checkpoint_every=5, checkpoint_unit="step")
+    cfg = SweepConfig(
+        model="lenet5",
+        dataset="digits",
+        lrs=(0.002, 0.02, 0.3),
+        dropouts=(0.0, 0.5),
+        seeds=2,
+        epochs=1,
+        checkpoint_every=5,
+        checkpoint_unit="step",
+    )
     return run_sweep(cfg, tmp_path_factory.mktemp("rep") / "sweep", progress=False, device="cpu")
 
 
@@ -29,7 +37,7 @@ def test_verdicts_are_out_of_fold(sweep):
     y = label_runs(sf.accuracies, "median")
     assert v["label"].tolist() == y.tolist()
     assert v["threshold"] == pytest.approx(float(np.median(sf.accuracies)))
-    for j, k in enumerate([2, 4]):   # each run predicted by a model fitted without it
+    for j, k in enumerate([2, 4]):  # each run predicted by a model fitted without it
         X = feature_sets(sf, k, ["dtg"])["dtg"]
         expected = np.empty(len(y))
         for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(X, y):
@@ -39,10 +47,12 @@ def test_verdicts_are_out_of_fold(sweep):
 
 def test_evaluate_writes_a_sortable_report_of_every_run(sweep, tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["evaluate", str(sweep), "--timesteps", "3", "--repeats", "2", "--device", "cpu",
-                 "--report", str(out)]) == 0
+    assert (
+        main(["evaluate", str(sweep), "--timesteps", "3", "--repeats", "2", "--device", "cpu", "--report", str(out)])
+        == 0
+    )
     page = (out / "index.html").read_text()
-    table = page[page.index('<table class="sortable">'):page.index("</table>")]
+    table = page[page.index('<table class="sortable">') : page.index("</table>")]
     rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table)
     assert len(rows) == 1 + 12
     for row in rows[1:]:
@@ -57,13 +67,30 @@ def test_evaluate_writes_a_sortable_report_of_every_run(sweep, tmp_path, capsys)
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed (optional check)")
 def test_report_renders_in_a_real_browser(sweep, tmp_path):
     out = tmp_path / "report"
-    assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu",
-                 "--report", str(out)]) == 0
+    assert (
+        main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu", "--report", str(out)])
+        == 0
+    )
     shot = tmp_path / "shot.png"
-    proc = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-                           "--window-size=1200,1600", (out / "index.html").as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1200,1600",
+            (out / "index.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-500:]
-    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                          (out / "index.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", (out / "index.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert dom.count("<tr") == 1 + 12 and "Every run" in dom

@@ -24,8 +24,12 @@ from dtg_gpu.centrality import attainable_tol
 from dtg_gpu.models import LeNet5
 from dtg_gpu.testing.reference import reference_adjacency
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 class Chain(nn.Module):
@@ -100,12 +104,14 @@ def _true_residual(a, x):
 
 
 @SETTINGS
-@given(model=architectures(),
-       exponents=st.lists(st.integers(-30, 30), min_size=1, max_size=4),
-       zero=st.one_of(st.none(), st.integers(0, 5)),
-       nan_at=st.one_of(st.none(), st.integers(0, 2)),
-       dtype=st.sampled_from([torch.float32, torch.float64]),
-       seed=st.integers(0, 2**16))
+@given(
+    model=architectures(),
+    exponents=st.lists(st.integers(-30, 30), min_size=1, max_size=4),
+    zero=st.one_of(st.none(), st.integers(0, 5)),
+    nan_at=st.one_of(st.none(), st.integers(0, 2)),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
 def test_any_finite_scale_matches_float64_or_is_flagged(model, exponents, zero, nan_at, dtype, seed):
     ckpts = _checkpoints(model, exponents, zero, nan_at, seed)
     with warnings.catch_warnings():
@@ -122,7 +128,7 @@ def test_any_finite_scale_matches_float64_or_is_flagged(model, exponents, zero, 
         assert np.isfinite(x).all() and np.isfinite(float(res.residual[t]))
         a, ref, lam1, gap = _dense_reference(res.topology, state)
         if not res.connected[t] or lam1 == 0:
-            continue   # flagged: the Perron vector is not unique
+            continue  # flagged: the Perron vector is not unique
         true_res, lam = _true_residual(a, x)
         if res.converged[t]:
             # converged is only said with a residual that holds (float64 check, small slack
@@ -146,32 +152,50 @@ def test_lenet_centrality_does_not_depend_on_the_weights_scale(scale, dtype):
     ref = analyze(Run(model=model, checkpoints=[sd]), dtype=torch.float64, tol=1e-12, device="cpu")
     scaled = {k: v.to(dtype) * scale for k, v in sd.items()}
     with warnings.catch_warnings():
-        warnings.simplefilter("error", dtg_gpu.DTGWarning)   # nothing to warn about
-        res = analyze(Run(model=model, checkpoints=[scaled]), dtype=dtype, device="cpu",
-                      tol=1e-6 if dtype == torch.float32 else 1e-11)
+        warnings.simplefilter("error", dtg_gpu.DTGWarning)  # nothing to warn about
+        res = analyze(
+            Run(model=model, checkpoints=[scaled]),
+            dtype=dtype,
+            device="cpu",
+            tol=1e-6 if dtype == torch.float32 else 1e-11,
+        )
     assert res.converged.all() and res.finite.all() and res.connected.all()
     atol = 1e-5 if dtype == torch.float32 else 1e-9
     np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=atol)
     np.testing.assert_allclose(res.eigenvalue.double().numpy(), ref.eigenvalue.numpy() * scale, rtol=1e-4)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dtg_gpu.ConvergenceWarning)   # 20 steps are not enough
-        nx_mode = analyze(Run(model=model, checkpoints=[scaled]), dtype=dtype, device="cpu",
-                          method="networkx", max_iter=20, tol=1e-6)
+        warnings.simplefilter("ignore", dtg_gpu.ConvergenceWarning)  # 20 steps are not enough
+        nx_mode = analyze(
+            Run(model=model, checkpoints=[scaled]), dtype=dtype, device="cpu", method="networkx", max_iter=20, tol=1e-6
+        )
         assert torch.isfinite(nx_mode.centrality).all()
-        if scale > 1:   # (A + I) x ≈ A x once A is large: every large scale takes the same steps
-            np.testing.assert_allclose(nx_mode.centrality.numpy(), analyze(
-                Run(model=model, checkpoints=[{k: v.to(dtype) * 1e9 for k, v in sd.items()}]), dtype=dtype,
-                device="cpu", method="networkx", max_iter=20, tol=1e-6).centrality.numpy(), atol=atol)
+        if scale > 1:  # (A + I) x ≈ A x once A is large: every large scale takes the same steps
+            np.testing.assert_allclose(
+                nx_mode.centrality.numpy(),
+                analyze(
+                    Run(model=model, checkpoints=[{k: v.to(dtype) * 1e9 for k, v in sd.items()}]),
+                    dtype=dtype,
+                    device="cpu",
+                    method="networkx",
+                    max_iter=20,
+                    tol=1e-6,
+                ).centrality.numpy(),
+                atol=atol,
+            )
 
 
 def test_one_huge_weight_is_finite_and_exact():
     torch.manual_seed(0)
     model = LeNet5(in_channels=1)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
-    sd["features.0.weight"].view(-1)[0] = 1e30   # w² overflows float32
+    sd["features.0.weight"].view(-1)[0] = 1e30  # w² overflows float32
     res = analyze(Run(model=model, checkpoints=[sd]), device="cpu")
-    ref = analyze(Run(model=model, checkpoints=[{k: v.double() for k, v in sd.items()}]),
-                  dtype=torch.float64, tol=1e-12, device="cpu")
+    ref = analyze(
+        Run(model=model, checkpoints=[{k: v.double() for k, v in sd.items()}]),
+        dtype=torch.float64,
+        tol=1e-12,
+        device="cpu",
+    )
     assert res.finite.all() and res.converged.all()
     np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=1e-5)
 
@@ -179,7 +203,7 @@ def test_one_huge_weight_is_finite_and_exact():
 def test_float64_weights_beyond_float32_range_solve_in_float32():
     torch.manual_seed(0)
     model = LeNet5(in_channels=1)
-    sd = {k: v.double() * 1e60 for k, v in model.state_dict().items()}   # not representable in float32
+    sd = {k: v.double() * 1e60 for k, v in model.state_dict().items()}  # not representable in float32
     res = analyze(Run(model=model, checkpoints=[sd]), dtype=torch.float32, device="cpu")
     ref = analyze(Run(model=model, checkpoints=[sd]), dtype=torch.float64, tol=1e-12, device="cpu")
     assert res.finite.all() and res.converged.all()
@@ -214,8 +238,7 @@ def test_networkx_mode_reproduces_networkx_at_any_scale(scale):
     h.add_weighted_edges_from((u, v, d["weight"] * scale) for u, v, d in g.edges(data=True))
     ref = nx.eigenvector_centrality(h, weight="weight", max_iter=1000)
     ref = np.array([ref[i] for i in range(34)])
-    x, res = eigenvector_centrality(ei, w * scale, 34, dtype=torch.float64, method="networkx",
-                                    max_iter=1000)
+    x, res = eigenvector_centrality(ei, w * scale, 34, dtype=torch.float64, method="networkx", max_iter=1000)
     np.testing.assert_allclose(x.numpy(), ref, atol=1e-12)
 
 
@@ -227,7 +250,7 @@ def _nx_cases():
     yield "K5", k5, {n: 0.4472135954999579 for n in k5}
     yield "P3", p3, {0: 0.5, 1: 0.7071, 2: 0.5}
     g = nx.Graph()
-    g.add_weighted_edges_from([(0, 1, 1), (1, 2, 1), (2, 3, 1), (3, 4, 2)])   # a weighted path
+    g.add_weighted_edges_from([(0, 1, 1), (1, 2, 1), (2, 3, 1), (3, 4, 2)])  # a weighted path
     yield "weighted_path", g, None
     yield "karate", nx.karate_club_graph(), None
     yield "florentine", nx.convert_node_labels_to_integers(nx.florentine_families_graph()), None
@@ -259,7 +282,7 @@ def test_a_residual_at_the_rounding_floor_stops_early_and_is_flagged(monkeypatch
     improving (not after max_iter products) and says it did not converge."""
     import dtg_gpu.centrality as c
 
-    monkeypatch.setattr(c, "TOL_FLOOR_EPS", 0)   # let tol go below what float32 can certify
+    monkeypatch.setattr(c, "TOL_FLOOR_EPS", 0)  # let tol go below what float32 can certify
     torch.manual_seed(0)
     model = LeNet5(in_channels=1)
     run = Run(model=model, checkpoints=[model.state_dict()])
@@ -268,7 +291,7 @@ def test_a_residual_at_the_rounding_floor_stops_early_and_is_flagged(monkeypatch
     assert not res.converged.any() and int(res.iterations.max()) < 2_000
     ref = analyze(run, dtype=torch.float64, tol=1e-12, device="cpu")
     np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=1e-5)
-    assert float(res.residual.max()) < 1e-5   # the floor it reached, reported honestly
+    assert float(res.residual.max()) < 1e-5  # the floor it reached, reported honestly
 
 
 def test_a_huge_weight_in_a_large_layer_is_exact():
@@ -277,13 +300,24 @@ def test_a_huge_weight_in_a_large_layer_is_exact():
     from dtg_gpu.engine import SMALL_LAYER
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 64, 3), nn.ReLU(), nn.Conv2d(64, 64, 5), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 4))
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 5),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 4),
+    )
     assert model[2].weight.numel() > SMALL_LAYER
     ckpts = _checkpoints(model, [0], None, None, seed=1, t=2)
-    ckpts[1]["2.weight"].view(-1)[7] = 3e37          # w² overflows float32, the norm does not
+    ckpts[1]["2.weight"].view(-1)[7] = 3e37  # w² overflows float32, the norm does not
     res = analyze(Run(model=model, checkpoints=ckpts), device="cpu")
-    ref = analyze(Run(model=model, checkpoints=[{k: v.double() for k, v in c.items()} for c in ckpts]),
-                  dtype=torch.float64, tol=1e-12, device="cpu")
+    ref = analyze(
+        Run(model=model, checkpoints=[{k: v.double() for k, v in c.items()} for c in ckpts]),
+        dtype=torch.float64,
+        tol=1e-12,
+        device="cpu",
+    )
     assert res.finite.all() and res.converged.all()
     np.testing.assert_allclose(res.centrality.double().numpy(), ref.centrality.numpy(), atol=1e-5)

@@ -15,7 +15,7 @@ def _numpy_stats(x):
 def test_statistics_match_numpy_scipy(dtype, rtol, device):
     rng = np.random.default_rng(0)
     x = rng.gamma(2.0, size=(7, 33)) / 10
-    x[3, :] = 0.25                      # constant row: skewness and kurtosis are NaN
+    x[3, :] = 0.25  # constant row: skewness and kurtosis are NaN
     x[4, :] = np.sort(x[4, :])[::-1]
     out = timestep_statistics(torch.tensor(x, dtype=dtype, device=device)).cpu().double().numpy()
     for i in range(7):

@@ -14,8 +14,17 @@ from dtg_gpu.exceptions import DatasetNotFoundError
 from dtg_gpu.models import MODELS, build_model
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 
-TINY = dict(model="lenet5", dataset="digits", lrs=(0.01, 0.05), dropouts=(0.0, 0.5), seeds=1,
-            epochs=2, checkpoint_every=10, checkpoint_unit="step", batch_size=64)
+TINY = dict(
+    model="lenet5",
+    dataset="digits",
+    lrs=(0.01, 0.05),
+    dropouts=(0.0, 0.5),
+    seeds=1,
+    epochs=2,
+    checkpoint_every=10,
+    checkpoint_unit="step",
+    batch_size=64,
+)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -52,8 +61,13 @@ def test_tiny_sweep_writes_the_on_disk_format(tmp_path):
 
 
 def test_one_run_at_a_time_matches_the_format(tmp_path):
-    out = run_sweep(SweepConfig(**{**TINY, "lrs": (0.02,), "dropouts": (0.3,)}), tmp_path / "one",
-                    progress=False, device="cpu", group_size=1)
+    out = run_sweep(
+        SweepConfig(**{**TINY, "lrs": (0.02,), "dropouts": (0.3,)}),
+        tmp_path / "one",
+        progress=False,
+        device="cpu",
+        group_size=1,
+    )
     assert len(load_sweep(out)[0]) == 4
 
 
@@ -78,9 +92,37 @@ def test_missing_dataset_says_where_and_how(tmp_path):
 
 def test_killed_sweep_resumes_without_losing_completed_runs(tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "dtg_gpu.cli.main", "sweep", "--model", "lenet5", "--dataset", "digits",
-           "--lr", "0.01", "0.02", "0.05", "--dropout", "0", "0.3", "0.6", "--seeds", "2", "--epochs", "2",
-           "--checkpoint-every", "10", "--checkpoint-unit", "step", "--out", str(out), "--quiet", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dtg_gpu.cli.main",
+        "sweep",
+        "--model",
+        "lenet5",
+        "--dataset",
+        "digits",
+        "--lr",
+        "0.01",
+        "0.02",
+        "0.05",
+        "--dropout",
+        "0",
+        "0.3",
+        "0.6",
+        "--seeds",
+        "2",
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-unit",
+        "step",
+        "--out",
+        str(out),
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
@@ -104,6 +146,8 @@ def test_sweep_table_is_tidy(tmp_path):
     out = run_sweep(SweepConfig(**{**TINY, "lrs": (0.02,)}), tmp_path / "t", progress=False, device="cpu")
     sf = featurize_sweep(load_sweep(out), alpha=0.5, device="cpu")
     df = sf.table()
-    assert len(df) == 2 * 4 and {"run", "t", "lr", "dropout", "mean", "kurtosis_smoothed", "final_accuracy"} <= set(df.columns)
+    assert len(df) == 2 * 4 and {"run", "t", "lr", "dropout", "mean", "kurtosis_smoothed", "final_accuracy"} <= set(
+        df.columns
+    )
     first = df[(df.run == "run-0000") & (df.t == 0)].iloc[0]
     assert first["mean"] == first["mean_smoothed"]  # s~_1 = s_1

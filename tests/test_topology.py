@@ -18,7 +18,8 @@ def test_lenet5_chain_order_and_count():
     topo = channel_topology(model)
     layers = _weight_layers(model)
     expected = layers[0].in_channels + sum(
-        m.out_channels if isinstance(m, nn.Conv2d) else m.out_features for m in layers)
+        m.out_channels if isinstance(m, nn.Conv2d) else m.out_features for m in layers
+    )
     assert topo.num_nodes == expected == 1 + 6 + 16 + 120 + 84 + 10
     # chain: node ranges in exactly the order in_1, out_1, out_2, ...
     start = 0
@@ -129,8 +130,17 @@ class _LoRALinear(nn.Linear):
 
 
 def _issue_model():
-    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), _WSConv(16, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), _LoRALinear(16, 16), nn.ReLU(), nn.Linear(16, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3),
+        nn.ReLU(),
+        _WSConv(16, 16, 3),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        _LoRALinear(16, 16),
+        nn.ReLU(),
+        nn.Linear(16, 10),
+    )
 
 
 def test_conv_and_linear_subclasses_with_their_own_forward_are_graphed():
@@ -143,22 +153,40 @@ def test_conv_and_linear_subclasses_with_their_own_forward_are_graphed():
     assert topo.layers[1].sources == ("2.weight",)
     assert set(topo.layers[2].sources) == {"6.weight", "6.lora_A", "6.lora_B"}
     cov = topo.coverage().set_index("parameter")
-    assert (cov.loc[["0.weight", "2.weight", "6.weight", "6.lora_A", "6.lora_B", "8.weight"], "role"] == "graphed").all()
+    assert (
+        cov.loc[["0.weight", "2.weight", "6.weight", "6.lora_A", "6.lora_B", "8.weight"], "role"] == "graphed"
+    ).all()
     assert (cov.loc[["0.bias", "2.bias"], "role"] == "bias").all()
     # the edges come from the effective weights: the same graph as a plain model holding them
     sd = model.state_dict()
     w2 = sd["2.weight"] - sd["2.weight"].mean(dim=(1, 2, 3), keepdim=True)
     w2 = w2 / (w2.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
-    plain = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 10))
-    plain_sd = {**{k: v for k, v in sd.items() if "lora" not in k}, "2.weight": w2,
-                "6.weight": sd["6.weight"] + sd["6.lora_B"] @ sd["6.lora_A"]}
+    plain = nn.Sequential(
+        nn.Conv2d(3, 16, 3),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 16),
+        nn.ReLU(),
+        nn.Linear(16, 10),
+    )
+    plain_sd = {
+        **{k: v for k, v in sd.items() if "lora" not in k},
+        "2.weight": w2,
+        "6.weight": sd["6.weight"] + sd["6.lora_B"] @ sd["6.lora_A"],
+    }
     got = analyze(Run(model=model, checkpoints=[sd]), dtype=torch.float64, tol=1e-12, device="cpu")
     want = analyze(Run(model=plain, checkpoints=[plain_sd]), dtype=torch.float64, tol=1e-12, device="cpu")
     np.testing.assert_allclose(got.centrality.numpy(), want.centrality.numpy(), atol=1e-12)
-    raw = analyze(Run(model=plain, checkpoints=[{k: v for k, v in sd.items() if "lora" not in k}]),
-                  dtype=torch.float64, tol=1e-12, device="cpu")
-    assert np.abs(got.centrality.numpy() - raw.centrality.numpy()).max() > 1e-3   # not the raw weights
+    raw = analyze(
+        Run(model=plain, checkpoints=[{k: v for k, v in sd.items() if "lora" not in k}]),
+        dtype=torch.float64,
+        tol=1e-12,
+        device="cpu",
+    )
+    assert np.abs(got.centrality.numpy() - raw.centrality.numpy()).max() > 1e-3  # not the raw weights
 
 
 def test_a_weight_matrix_outside_the_graph_is_never_silent():
@@ -171,7 +199,7 @@ def test_a_weight_matrix_outside_the_graph_is_never_silent():
             self.mix = nn.Parameter(torch.randn(8, 8))
 
         def forward(self, x):
-            return self.fc(x) @ self.mix    # a matrix product, not a conv/linear call
+            return self.fc(x) @ self.mix  # a matrix product, not a conv/linear call
 
     with pytest.warns(UncoveredWeightsWarning, match="mix"):
         topo = channel_topology(Gate())
@@ -198,7 +226,7 @@ def test_squeeze_and_excitation_does_not_depend_on_operand_order(order):
 
     topo = channel_topology(SE())
     layers = {l.name: l for l in topo.layers}
-    assert torch.equal(layers["fc2"].out_nodes, layers["conv"].out_nodes)   # the gate is the features' nodes
+    assert torch.equal(layers["fc2"].out_nodes, layers["conv"].out_nodes)  # the gate is the features' nodes
     assert torch.equal(layers["head"].in_nodes, layers["conv"].out_nodes)
     assert topo.num_nodes == 3 + 8 + 2 + 4
 
@@ -226,7 +254,7 @@ def test_channel_chunk_and_shuffle_map_nodes_exactly():
     topo = channel_topology(_ShuffleBlock())
     layers = {l.name: l for l in topo.layers}
     a = layers["a"].out_nodes.tolist()
-    assert layers["b"].in_nodes.tolist() == a[2:]                  # the second chunk
+    assert layers["b"].in_nodes.tolist() == a[2:]  # the second chunk
     b = layers["b"].out_nodes.tolist()
     # cat -> [a0, a1, b0, b1]; shuffle with 2 groups -> [a0, b0, a1, b1]
     assert layers["c"].in_nodes.tolist() == [a[0], b[0], a[1], b[1]]
@@ -271,18 +299,22 @@ def test_weight_norm_uses_the_effective_weight(style):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)   # the legacy hook is deprecated
-        wn = (nn.utils.parametrizations.weight_norm if style == "parametrize" else nn.utils.weight_norm)
+        warnings.simplefilter("ignore", FutureWarning)  # the legacy hook is deprecated
+        wn = nn.utils.parametrizations.weight_norm if style == "parametrize" else nn.utils.weight_norm
         net[0] = wn(net[0])
         net[3] = wn(net[3])
     sd = net.state_dict()
-    assert "0.weight" not in sd                           # the checkpoint holds the factors only
+    assert "0.weight" not in sd  # the checkpoint holds the factors only
     topo = channel_topology(net)
     assert [l.name for l in topo.layers] == ["0", "3"] and all(l.effective is not None for l in topo.layers)
     plain = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
     with torch.no_grad():
         effective = {"0.weight": net[0].weight.detach().clone(), "3.weight": net[3].weight.detach().clone()}
     got = analyze(Run(model=net, checkpoints=[sd]), dtype=torch.float64, tol=1e-12, device="cpu")
-    want = analyze(Run(model=plain, checkpoints=[{**plain.state_dict(), **effective}]), dtype=torch.float64,
-                   tol=1e-12, device="cpu")
+    want = analyze(
+        Run(model=plain, checkpoints=[{**plain.state_dict(), **effective}]),
+        dtype=torch.float64,
+        tol=1e-12,
+        device="cpu",
+    )
     np.testing.assert_allclose(got.centrality.numpy(), want.centrality.numpy(), atol=1e-10)

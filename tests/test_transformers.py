@@ -45,8 +45,8 @@ def test_multihead_attention_is_its_qkv_blocks_and_out_proj_exactly():
     w_in, w_out, w_head = state["att.in_proj_weight"], state["att.out_proj.weight"], state["head.weight"]
     expected = np.zeros((22, 22))
     for block, first in ((w_in[0:4], 4), (w_in[4:8], 8), (w_in[8:12], 12)):
-        expected[first:first + 4, 0:4] = block.abs().numpy()
-    expected[16:20, 12:16] = w_out.abs().numpy()      # out_proj reads v's nodes, not q's
+        expected[first : first + 4, 0:4] = block.abs().numpy()
+    expected[16:20, 12:16] = w_out.abs().numpy()  # out_proj reads v's nodes, not q's
     expected[20:22, 16:20] = w_head.abs().numpy()
     expected = expected + expected.T
     got = reference_adjacency(topo, state).toarray()
@@ -62,8 +62,9 @@ def test_multihead_attention_is_its_qkv_blocks_and_out_proj_exactly():
 
 def test_a_vision_transformer_analyses_with_full_coverage_and_matches_networkx():
     torch.manual_seed(0)
-    vit = VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8,
-                            mlp_dim=16, num_classes=3)
+    vit = VisionTransformer(
+        image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=3
+    )
     topo = channel_topology(vit, strict=True)
     cov = topo.coverage().set_index("parameter")
     assert "unsupported" not in set(cov.role)
@@ -144,10 +145,10 @@ def test_token_mixing_is_listed_not_graphed_and_channels_pass_through():
         def __init__(self):
             super().__init__()
             self.stem = nn.Linear(6, 8)
-            self.tokens = nn.Linear(5, 5)   # mixes the 5 tokens: not a channel map
+            self.tokens = nn.Linear(5, 5)  # mixes the 5 tokens: not a channel map
             self.head = nn.Linear(8, 2)
 
-        def forward(self, x):          # x: [B, 5 tokens, 6]
+        def forward(self, x):  # x: [B, 5 tokens, 6]
             h = self.stem(x)
             h = h + self.tokens(h.transpose(1, 2)).transpose(1, 2)
             return self.head(h.mean(1))
@@ -186,7 +187,7 @@ class TinyViT(nn.Module):
         self.norm = nn.LayerNorm(8)
         self.head = nn.Linear(8, 3)
 
-    def forward(self, x):                       # [B, 3, 8, 8] -> 4 tokens + a class token
+    def forward(self, x):  # [B, 3, 8, 8] -> 4 tokens + a class token
         t = self.patch(x).flatten(2).transpose(1, 2)
         t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], dim=1)
         t = t + self.attn(self.norm(t))
@@ -199,13 +200,13 @@ def test_packed_qkv_attention_is_followed_through_reshape_permute_unbind(fused):
     topo = channel_topology(net, strict=True)
     L = by_layer(topo)
     assert list(L) == ["patch", "attn.qkv", "attn.proj", "head"]
-    qkv = L["attn.qkv"].out_nodes      # one layer of 24 outputs: q, k, v in that order
+    qkv = L["attn.qkv"].out_nodes  # one layer of 24 outputs: q, k, v in that order
     # the value heads, in order, are what proj reads; q and k feed nothing; proj adds to the stream
     assert torch.equal(L["attn.proj"].in_nodes, qkv[16:24])
     fed = set(torch.cat([l.in_nodes for l in topo.layers]).tolist())
     assert not fed & set(qkv[:16].tolist())
     assert torch.equal(L["attn.proj"].out_nodes, L["patch"].out_nodes)
-    assert torch.equal(L["head"].in_nodes, L["patch"].out_nodes)   # the class token took the stream's nodes
+    assert torch.equal(L["head"].in_nodes, L["patch"].out_nodes)  # the class token took the stream's nodes
     cov = topo.coverage().set_index("parameter")
     assert cov.loc["cls", "role"] == "embedding" and cov.loc["attn.qkv.weight", "role"] == "graphed"
     run = dtg_gpu.Run(model=net, checkpoints=make_checkpoints(net, t=2))
@@ -220,9 +221,15 @@ def _small_models():
 
     from dtg_gpu.models import LeNet5
 
-    return {"lenet5": LeNet5, "resnet18": resnet18, "shufflenet_v2": shufflenet_v2_x0_5, "grouped": GroupedNet,
-            "vit": lambda: VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8,
-                                             mlp_dim=16)}
+    return {
+        "lenet5": LeNet5,
+        "resnet18": resnet18,
+        "shufflenet_v2": shufflenet_v2_x0_5,
+        "grouped": GroupedNet,
+        "vit": lambda: VisionTransformer(
+            image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16
+        ),
+    }
 
 
 @pytest.mark.parametrize("name", list(_small_models()))
@@ -241,10 +248,20 @@ def test_swin_and_maxvit_analyse_with_every_weight_in_the_graph():
     from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
 
     small = dict(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2], window_size=[2, 2], num_classes=3)
-    for net in (SwinTransformer(**small),
-                SwinTransformer(**small, block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2),
-                MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[8, 16],
-                       block_layers=[1, 1], head_dim=4, stochastic_depth_prob=0.0, num_classes=3)):
+    for net in (
+        SwinTransformer(**small),
+        SwinTransformer(**small, block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2),
+        MaxVit(
+            input_size=(32, 32),
+            stem_channels=8,
+            partition_size=2,
+            block_channels=[8, 16],
+            block_layers=[1, 1],
+            head_dim=4,
+            stochastic_depth_prob=0.0,
+            num_classes=3,
+        ),
+    ):
         topo = channel_topology(net, strict=True)
         assert topo.structurally_connected()
         cov = topo.coverage().set_index("parameter")
@@ -283,7 +300,8 @@ def test_timm_cnns_have_every_weight_in_the_graph(name):
     if name == "resnetv2_50x1_bit":
         conv = net.stem.conv
         layer = by_layer(topo)["stem.conv"]
-        assert layer.effective is not None   # the standardised weight, not the raw one
-        want = nn.functional.batch_norm(conv.weight.reshape(1, conv.out_channels, -1), None, None,
-                                        training=True, momentum=0.0, eps=conv.eps).reshape_as(conv.weight)
+        assert layer.effective is not None  # the standardised weight, not the raw one
+        want = nn.functional.batch_norm(
+            conv.weight.reshape(1, conv.out_channels, -1), None, None, training=True, momentum=0.0, eps=conv.eps
+        ).reshape_as(conv.weight)
         torch.testing.assert_close(layer.effective_weight(net.state_dict()), want.detach())

@@ -25,8 +25,16 @@ from dtg_gpu.exceptions import SweepLockedError
 from dtg_gpu.models import LeNet5, build_model
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 
-CFG = SweepConfig(model="lenet5", dataset="digits", lrs=(0.01, 0.1), dropouts=(0.0,), seeds=2,
-                  epochs=1, checkpoint_every=10, checkpoint_unit="step")
+CFG = SweepConfig(
+    model="lenet5",
+    dataset="digits",
+    lrs=(0.01, 0.1),
+    dropouts=(0.0,),
+    seeds=2,
+    epochs=1,
+    checkpoint_every=10,
+    checkpoint_unit="step",
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,24 +60,27 @@ def _set_meta(folder, **fields):
 
 
 def _snapshot(folder: Path) -> dict:
-    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
-            if p.is_file() and not p.name.startswith(".dtg-sweep")}
+    return {
+        p.relative_to(folder): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith(".dtg-sweep")
+    }
 
 
 # 1 ------------------------------------------------------------------ concurrent sweeps
 def test_a_second_sweep_on_a_locked_folder_is_refused_and_deletes_nothing(work):
     import fcntl
 
-    (work / "run-0001" / "run.json").unlink()     # one unfinished run: the second process would redo it
+    (work / "run-0001" / "run.json").unlink()  # one unfinished run: the second process would redo it
     before = _snapshot(work)
     fd = os.open(work / ".dtg-sweep.lock", os.O_RDWR | os.O_CREAT)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # "the other process"
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "the other process"
         with pytest.raises(SweepLockedError, match="another process"):
             run_sweep(CFG, work, progress=False, device="cpu")
         assert _snapshot(work) == before
     finally:
-        os.close(fd)                                       # the lock dies with its holder
+        os.close(fd)  # the lock dies with its holder
     run_sweep(CFG, work, progress=False, device="cpu")
     assert (work / "run-0001" / "run.json").is_file()
     assert (work / "run-0000" / "ckpt-0001.safetensors").read_bytes() == before[Path("run-0000/ckpt-0001.safetensors")]
@@ -80,9 +91,34 @@ def test_two_processes_on_one_sweep_never_lose_a_finished_run(work):
     finished run is deleted (the loser is refused with one line)."""
     for name in ("run-0000", "run-0001"):
         shutil.rmtree(work / name)
-    cmd = [sys.executable, "-m", "dtg_gpu.cli.main", "sweep", "--model", "lenet5", "--dataset", "digits",
-           "--lr", "0.01", "0.1", "--dropout", "0.0", "--seeds", "2", "--epochs", "1",
-           "--checkpoint-every", "10", "--checkpoint-unit", "step", "--out", str(work), "--quiet", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dtg_gpu.cli.main",
+        "sweep",
+        "--model",
+        "lenet5",
+        "--dataset",
+        "digits",
+        "--lr",
+        "0.01",
+        "0.1",
+        "--dropout",
+        "0.0",
+        "--seeds",
+        "2",
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-unit",
+        "step",
+        "--out",
+        str(work),
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)
@@ -100,13 +136,15 @@ def test_featurize_killed_mid_write_keeps_the_old_csv(work, tmp_path):
     assert main(["featurize", str(work), "--out", str(csv), "--device", "cpu"]) == 0
     old = csv.read_bytes()
     # `ulimit -f 2`: the new CSV (per-layer statistics, several KB) cannot be written whole
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048)); "
-            "from dtg_gpu.cli.main import main; "
-            f"sys.exit(main(['featurize', {str(work)!r}, '--per-layer', '--out', {str(csv)!r}, '--device', 'cpu']))")
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048)); "
+        "from dtg_gpu.cli.main import main; "
+        f"sys.exit(main(['featurize', {str(work)!r}, '--per-layer', '--out', {str(csv)!r}, '--device', 'cpu']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "error" in proc.stderr and "Traceback" not in proc.stderr
     assert csv.read_bytes() == old
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "sweep"]   # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "sweep"]  # no temporary left
 
 
 def test_train_into_a_missing_folder_fails_before_training(work, tmp_path, capsys):
@@ -125,12 +163,15 @@ def test_written_files_respect_the_umask(work, tmp_path):
         os.umask(old)
     assert stat.S_IMODE(pred.stat().st_mode) == 0o644
     ckpt = work / "run-0000" / "ckpt-0001.safetensors"
-    assert stat.S_IMODE(ckpt.stat().st_mode) & 0o044   # not 0600
+    assert stat.S_IMODE(ckpt.stat().st_mode) & 0o044  # not 0600
 
 
 # 3 --------------------------------------------------------------------- confined paths
-@pytest.mark.parametrize("name", ["../../other/ckpt.safetensors", "/etc/passwd", "/no/such/file",
-                                  "sub/../../x.safetensors"], ids=["dotdot", "abs-exists", "abs-missing", "nested"])
+@pytest.mark.parametrize(
+    "name",
+    ["../../other/ckpt.safetensors", "/etc/passwd", "/no/such/file", "sub/../../x.safetensors"],
+    ids=["dotdot", "abs-exists", "abs-missing", "nested"],
+)
 def test_run_json_paths_cannot_leave_the_run_folder(work, name):
     folder = work / "run-0000"
     meta = _meta(folder)
@@ -138,7 +179,7 @@ def test_run_json_paths_cannot_leave_the_run_folder(work, name):
     (folder / "run.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="outside|absolute") as e:
         Run.from_dir(folder)
-    assert "missing" not in str(e.value) and "exist" not in str(e.value)   # says nothing of the target
+    assert "missing" not in str(e.value) and "exist" not in str(e.value)  # says nothing of the target
 
 
 def test_symlinks_out_of_the_run_folder_are_refused(work, tmp_path):
@@ -171,7 +212,7 @@ def test_huge_num_classes_in_run_json_is_refused_before_building(work):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(CheckpointError, match="classifier.7.weight.*shape"):
         Run.from_dir(folder)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000   # KiB: nothing like 5 GB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: nothing like 5 GB
 
 
 def _trained_predictor(tmp_path, **kw) -> Path:
@@ -197,9 +238,21 @@ def _tamper_predictor(path: Path, meta_fn=None, tensor_fn=None) -> None:
     save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
 
 
-@pytest.mark.parametrize("case", [
-    "hidden_huge", "classes_one", "mean_nan", "scale_zero", "scaling_bogus", "missing_param",
-    "extra_param", "no_mean", "selected_out_of_range", "unknown_key"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "hidden_huge",
+        "classes_one",
+        "mean_nan",
+        "scale_zero",
+        "scaling_bogus",
+        "missing_param",
+        "extra_param",
+        "no_mean",
+        "selected_out_of_range",
+        "unknown_key",
+    ],
+)
 def test_tampered_predictor_files_are_refused(tmp_path, case):
     path = _trained_predictor(tmp_path)
     meta_fn, tensor_fn = {
@@ -211,8 +264,10 @@ def test_tampered_predictor_files_are_refused(tmp_path, case):
         "missing_param": (None, lambda t: t.pop("network.0.bias")),
         "extra_param": (None, lambda t: t.update(extra=torch.zeros(3))),
         "no_mean": (None, lambda t: t.pop("mean")),
-        "selected_out_of_range": (lambda m: m["params"].update(select=2),
-                                  lambda t: t.update(selected=torch.tensor([0, 99]))),
+        "selected_out_of_range": (
+            lambda m: m["params"].update(select=2),
+            lambda t: t.update(selected=torch.tensor([0, 99])),
+        ),
         "unknown_key": (lambda m: m["params"].update(evil="x"), None),
     }[case]
     _tamper_predictor(path, meta_fn, tensor_fn)
@@ -254,8 +309,10 @@ def test_a_missing_weight_is_never_filled_from_an_ema_copy():
 
 def test_model_and_ema_copies_are_ambiguous_until_a_prefix_is_chosen():
     model = LeNet5()
-    sd = {**{f"model.{k}": v for k, v in model.state_dict().items()},
-          **{f"ema.{k}": v * 2 for k, v in model.state_dict().items()}}
+    sd = {
+        **{f"model.{k}": v for k, v in model.state_dict().items()},
+        **{f"ema.{k}": v * 2 for k, v in model.state_dict().items()},
+    }
     with pytest.raises(CheckpointError, match="'ema.', 'model.'.*prefix"):
         Run(model=model, checkpoints=[sd]).weights(0)
     w = Run(model=model, checkpoints=[sd], prefix="ema.").weights(0)
@@ -285,14 +342,17 @@ def test_runs_of_different_lengths_are_said_not_silently_shrunk(work):
     assert X.shape == (5, 5)
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--checkpoint-every", "50", "--epochs", "2"], "longer than the run"),
-    (["--checkpoint-unit", "step", "--checkpoint-every", "100000"], "longer than the run"),
-    (["--lr", "inf"], "learning rates"),
-    (["--lr", "nan"], "learning rates"),
-    (["--model", "foonet"], "unknown model"),
-    (["--dataset", "foo"], "unknown dataset"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--checkpoint-every", "50", "--epochs", "2"], "longer than the run"),
+        (["--checkpoint-unit", "step", "--checkpoint-every", "100000"], "longer than the run"),
+        (["--lr", "inf"], "learning rates"),
+        (["--lr", "nan"], "learning rates"),
+        (["--model", "foonet"], "unknown model"),
+        (["--dataset", "foo"], "unknown dataset"),
+    ],
+)
 def test_sweep_validates_everything_before_writing(tmp_path, capsys, args, match):
     out = tmp_path / "S"
     assert main(["sweep", "--out", str(out), "--quiet", "--device", "cpu", "--epochs", "1", *args]) == 1
@@ -302,20 +362,44 @@ def test_sweep_validates_everything_before_writing(tmp_path, capsys, args, match
 
 def test_a_typo_does_not_poison_the_folder(tmp_path, capsys):
     out = tmp_path / "S"
-    base = ["sweep", "--out", str(out), "--quiet", "--device", "cpu", "--lr", "0.01", "--dropout", "0",
-            "--epochs", "1", "--checkpoint-every", "20", "--checkpoint-unit", "step"]
+    base = [
+        "sweep",
+        "--out",
+        str(out),
+        "--quiet",
+        "--device",
+        "cpu",
+        "--lr",
+        "0.01",
+        "--dropout",
+        "0",
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "20",
+        "--checkpoint-unit",
+        "step",
+    ]
     assert main(base + ["--model", "foonet"]) == 1
     assert main(base + ["--model", "lenet5"]) == 0
     assert len(load_sweep(out)) == 1
 
 
 # 7 ------------------------------------------------------------------- one-line errors
-@pytest.mark.parametrize("field,value,match", [
-    ("model", 3, "'model'"), ("model", None, "'model'"), ("model_kwargs", [1], "'model_kwargs'"),
-    ("model_kwargs", "x", "'model_kwargs'"), ("checkpoints", [{"nofile": 1}], r"checkpoints\[0\]"),
-    ("checkpoints", [{"file": 5}], r"checkpoints\[0\]"), ("checkpoints", "x", "'checkpoints'"),
-    ("final_accuracy", [0.5], "'final_accuracy'"), ("final_accuracy", "abc", "'final_accuracy'"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("model", 3, "'model'"),
+        ("model", None, "'model'"),
+        ("model_kwargs", [1], "'model_kwargs'"),
+        ("model_kwargs", "x", "'model_kwargs'"),
+        ("checkpoints", [{"nofile": 1}], r"checkpoints\[0\]"),
+        ("checkpoints", [{"file": 5}], r"checkpoints\[0\]"),
+        ("checkpoints", "x", "'checkpoints'"),
+        ("final_accuracy", [0.5], "'final_accuracy'"),
+        ("final_accuracy", "abc", "'final_accuracy'"),
+    ],
+)
 def test_malformed_run_json_fields_are_named(work, field, value, match, capsys):
     _set_meta(work / "run-0000", **{field: value})
     with pytest.raises(CheckpointError, match=match):
@@ -325,8 +409,11 @@ def test_malformed_run_json_fields_are_named(work, field, value, match, capsys):
     assert err.count("\n") == 1 and "run.json" in err
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", "{", "\xff\xfe", "[" * 100_000 + "]" * 100_000],
-                         ids=["list", "truncated", "not-utf8", "deeply-nested"])
+@pytest.mark.parametrize(
+    "text",
+    ["[1, 2]", "{", "\xff\xfe", "[" * 100_000 + "]" * 100_000],
+    ids=["list", "truncated", "not-utf8", "deeply-nested"],
+)
 def test_bad_run_json_names_the_file(work, text, capsys):
     (work / "run-0000" / "run.json").write_bytes(text.encode("latin-1"))
     with pytest.raises(CheckpointError, match="run.json"):
@@ -335,7 +422,9 @@ def test_bad_run_json_names_the_file(work, text, capsys):
     assert len(load_sweep(work)) == 3
 
 
-@pytest.mark.parametrize("text", ['{"format": 1}', "[]", "{", "[" * 100_000], ids=["no-runs", "list", "truncated", "nested"])
+@pytest.mark.parametrize(
+    "text", ['{"format": 1}', "[]", "{", "[" * 100_000], ids=["no-runs", "list", "truncated", "nested"]
+)
 def test_bad_sweep_json_names_the_file(work, text, capsys):
     (work / "sweep.json").write_text(text)
     with pytest.raises(CheckpointError, match="sweep.json"):
@@ -349,7 +438,7 @@ def test_random_bytes_are_corrupt_and_payloads_are_unsafe(tmp_path):
     import random
 
     rnd = tmp_path / "random.pt"
-    for seed in range(64):   # seeded: some random bytes start like a pickle, most do not
+    for seed in range(64):  # seeded: some random bytes start like a pickle, most do not
         rnd.write_bytes(random.Random(seed).randbytes(4096))
         with pytest.raises(CheckpointError, match=r"random\.pt: not a (readable )?torch checkpoint") as e:
             dtg_gpu.load_state_dict(rnd)
@@ -365,8 +454,11 @@ def test_random_bytes_are_corrupt_and_payloads_are_unsafe(tmp_path):
 
 def test_lightning_hyper_parameters_with_numpy_and_namespace_load(tmp_path):
     model = LeNet5()
-    ckpt = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "epoch": 3,
-            "hyper_parameters": {"lr": np.float64(0.1), "args": argparse.Namespace(lr=0.1, width=np.int64(2))}}
+    ckpt = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "epoch": 3,
+        "hyper_parameters": {"lr": np.float64(0.1), "args": argparse.Namespace(lr=0.1, width=np.int64(2))},
+    }
     torch.save(ckpt, tmp_path / "epoch=3-step=30.ckpt")
     w = Run(model=model, checkpoints=[tmp_path / "epoch=3-step=30.ckpt"]).weights(0)
     assert torch.equal(w["features.0.weight"], model.state_dict()["features.0.weight"])
@@ -383,8 +475,13 @@ def test_float8_checkpoints_are_read(tmp_path):
 def test_analyze_json_is_valid_json_with_null_for_nan(work, capsys):
     files = [work / "run-0000" / c["file"] for c in _meta(work / "run-0000")["checkpoints"]]
     save_file({k: torch.full_like(v, float("nan")) for k, v in load_file(files[0]).items()}, str(files[0]))
-    _set_meta(work / "run-0000", checkpoints=[{k: v for k, v in c.items() if k not in ("bytes", "sha256")}
-                                             for c in _meta(work / "run-0000")["checkpoints"]])
+    _set_meta(
+        work / "run-0000",
+        checkpoints=[
+            {k: v for k, v in c.items() if k not in ("bytes", "sha256")}
+            for c in _meta(work / "run-0000")["checkpoints"]
+        ],
+    )
     assert main(["analyze", str(work / "run-0000"), "--json", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "NaN" not in out
@@ -403,8 +500,9 @@ def test_a_resumed_sweep_retrains_a_run_with_a_truncated_checkpoint(work):
     run_sweep(CFG, work, progress=False, device="cpu")
     runs = load_sweep(work)
     assert len(runs) == 4
-    assert (work / "run-0000" / "ckpt-0002.safetensors").read_bytes() == good   # untouched
+    assert (work / "run-0000" / "ckpt-0002.safetensors").read_bytes() == good  # untouched
     rec = _meta(work / "run-0001")["checkpoints"][1]
     assert rec["bytes"] == f.stat().st_size
     import hashlib
+
     assert rec["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()

@@ -13,8 +13,9 @@ from dtg_gpu.sweeps import SweepConfig, run_sweep
 from dtg_gpu.watch import SweepWatcher
 
 # 3 learning rates that train (0.05, 0.03, 0.02) and 3 that barely move (1e-5, 2e-5, 3e-5), 2 seeds
-CFG = SweepConfig(model="lenet5", dataset="digits", lrs=(0.05, 1e-5, 0.03, 2e-5, 0.02, 3e-5), dropouts=(0.0,),
-                  seeds=2, epochs=4)
+CFG = SweepConfig(
+    model="lenet5", dataset="digits", lrs=(0.05, 1e-5, 0.03, 2e-5, 0.02, 3e-5), dropouts=(0.0,), seeds=2, epochs=4
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +31,12 @@ def live(sweep, tmp_path):
     shutil.copytree(sweep, out)
     meta = json.loads((out / "sweep.json").read_text())
     names = meta["runs"]
-    good, bad, empty = names[1], names[3], names[5]    # grid order: lr-major, then seed
+    good, bad, empty = names[1], names[3], names[5]  # grid order: lr-major, then seed
     for n in (good, bad):
         (out / n / "run.json").unlink()
     for f in (out / empty).iterdir():
         f.unlink()
-    for f in sorted((out / good).glob("ckpt-*"))[2:]:   # the good one has only 2 checkpoints so far
+    for f in sorted((out / good).glob("ckpt-*"))[2:]:  # the good one has only 2 checkpoints so far
         f.unlink()
     return out, good, bad, empty
 
@@ -63,7 +64,7 @@ def test_dtg_watch_cli_json_lines(live, capsys):
     by = {d["run"]: d for d in lines}
     assert by[bad]["verdict"] == "stop" and by[good]["verdict"] == "continue"
     assert set(by[good]) == {"run", "checkpoints", "p_sufficient", "verdict", "final_accuracy", "error"}
-    assert main(["watch", str(out), "--once"]) == 0        # n_startup 10 > 8 finished: no decision yet
+    assert main(["watch", str(out), "--once"]) == 0  # n_startup 10 > 8 finished: no decision yet
     text = capsys.readouterr().out
     assert f"{bad}\tk=4\tP(sufficient)=-\twait" in text
 

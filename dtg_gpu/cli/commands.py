@@ -16,34 +16,52 @@ def _device(p: argparse.ArgumentParser) -> None:
 
 
 def _features(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timesteps", "-k", type=_positive_int, default=None,
-                   help="use the first k checkpoints (default: all)")
+    p.add_argument(
+        "--timesteps", "-k", type=_positive_int, default=None, help="use the first k checkpoints (default: all)"
+    )
     p.add_argument("--alpha", type=float, default=0.5, help="temporal reinforcement in (0, 1] (default 0.5)")
     _device(p)
 
 
 def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--per-layer", action="store_true",
-                   help="option beyond the method: also the five statistics of each layer's nodes")
-    p.add_argument("--eigenvalue", action="store_true",
-                   help="option beyond the method: add log(lambda_1) as a last statistic per timestep")
+    p.add_argument(
+        "--per-layer",
+        action="store_true",
+        help="option beyond the method: also the five statistics of each layer's nodes",
+    )
+    p.add_argument(
+        "--eigenvalue",
+        action="store_true",
+        help="option beyond the method: add log(lambda_1) as a last statistic per timestep",
+    )
 
 
 def _strict(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strict", action="store_true",
-                   help="stop at the first run that cannot be read or solved (default: name it, "
-                        "leave it out, go on with the rest)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first run that cannot be read or solved (default: name it, "
+        "leave it out, go on with the rest)",
+    )
 
 
 def _cluster(p: argparse.ArgumentParser, cache: bool = True) -> None:
-    p.add_argument("--ray", action="store_true",
-                   help="run the work as Ray tasks (pip install 'dtg_gpu[ray]'); without --address, "
-                        "on a local Ray instance started and shut down by this command")
-    p.add_argument("--address", default=None, metavar="ADDR",
-                   help="the Ray cluster to use with --ray: 'auto', HOST:6379 or ray://HOST:10001")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the work as Ray tasks (pip install 'dtg_gpu[ray]'); without --address, "
+        "on a local Ray instance started and shut down by this command",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="the Ray cluster to use with --ray: 'auto', HOST:6379 or ray://HOST:10001",
+    )
     if cache:
-        p.add_argument("--no-cache", action="store_true",
-                       help="neither read nor write the feature cache (SWEEP/.dtg-cache)")
+        p.add_argument(
+            "--no-cache", action="store_true", help="neither read nor write the feature cache (SWEEP/.dtg-cache)"
+        )
 
 
 def _executor(a) -> dict:
@@ -69,8 +87,16 @@ def _sweep_features(a, runs):
     from ..layout import StatisticsLayout
 
     X, _, failures = featurize_with_failures(
-        runs, timesteps=a.timesteps, alpha=a.alpha, device=a.device, progress=True,
-        eigenvalue=a.eigenvalue, per_layer=a.per_layer, strict=a.strict, **_executor(a))
+        runs,
+        timesteps=a.timesteps,
+        alpha=a.alpha,
+        device=a.device,
+        progress=True,
+        eigenvalue=a.eigenvalue,
+        per_layer=a.per_layer,
+        strict=a.strict,
+        **_executor(a),
+    )
     warn_failures(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     if not usable.any():
@@ -97,6 +123,7 @@ def _command(name: str, help: str, configure, run):
         configure(p)
         p.set_defaults(func=run)
         return p
+
     return SimpleNamespace(add_parser=add_parser, run=run)
 
 
@@ -112,9 +139,15 @@ def _sweep_args(p):
     p.add_argument("--checkpoint-unit", choices=["epoch", "step"], default="epoch")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    p.add_argument("--width", type=float, default=None, help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16)")
-    p.add_argument("--group-size", type=int, default=32,
-                   help="runs of one seed trained at once as one grouped network (1: one at a time)")
+    p.add_argument(
+        "--width", type=float, default=None, help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16)"
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=32,
+        help="runs of one seed trained at once as one grouped network (1: one at a time)",
+    )
     p.add_argument("--data-root", default="data", help="where MNIST/CIFAR live (default ./data)")
     p.add_argument("--download", action="store_true", help="let torchvision download a missing dataset")
     p.add_argument("--out", required=True, help="sweep folder (resumable)")
@@ -132,34 +165,57 @@ def _width_kwargs(model: str, width: float | None) -> dict:
         return {"width": width}
     if model in ("resnet20", "resnet32") and float(width).is_integer():
         return {"width": int(width)}
-    raise ValueError(f"--width applies to vgg* (a multiplier) and resnet20/32 (an integer base width), "
-                     f"not to {model} with {width}")
+    raise ValueError(
+        f"--width applies to vgg* (a multiplier) and resnet20/32 (an integer base width), not to {model} with {width}"
+    )
 
 
 def _sweep_run(a) -> int:
     from ..sweeps import SweepConfig, run_sweep
 
-    cfg = SweepConfig(model=a.model, dataset=a.dataset, lrs=a.lr, dropouts=a.dropout, seeds=a.seeds,
-                      epochs=a.epochs, checkpoint_every=a.checkpoint_every,
-                      checkpoint_unit=a.checkpoint_unit, batch_size=a.batch_size, optimizer=a.optimizer,
-                      model_kwargs=_width_kwargs(a.model, a.width))
+    cfg = SweepConfig(
+        model=a.model,
+        dataset=a.dataset,
+        lrs=a.lr,
+        dropouts=a.dropout,
+        seeds=a.seeds,
+        epochs=a.epochs,
+        checkpoint_every=a.checkpoint_every,
+        checkpoint_unit=a.checkpoint_unit,
+        batch_size=a.batch_size,
+        optimizer=a.optimizer,
+        model_kwargs=_width_kwargs(a.model, a.width),
+    )
     if a.group_size < 1:
         raise ValueError(f"--group-size must be >= 1, got {a.group_size}")
-    out = run_sweep(cfg, a.out, data_root=a.data_root, download=a.download, device=a.device,
-                    progress=not a.quiet, group_size=a.group_size, **_executor(a))
+    out = run_sweep(
+        cfg,
+        a.out,
+        data_root=a.data_root,
+        download=a.download,
+        device=a.device,
+        progress=not a.quiet,
+        group_size=a.group_size,
+        **_executor(a),
+    )
     print(f"sweep complete: {out}")
     return 0
 
 
-sweep = _command("sweep", "train a lr x dropout x seed grid of one model (writes the on-disk format)",
-                 _sweep_args, _sweep_run)
+sweep = _command(
+    "sweep", "train a lr x dropout x seed grid of one model (writes the on-disk format)", _sweep_args, _sweep_run
+)
 
 
 # ---------------------------------------------------------------------------- analyze
 def _user_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="PKG.MODULE:CLASS",
-                   help="your own model class (importable; built with --model-kwargs), for run folders "
-                        "without run.json (Lightning, Hugging Face, numbered files)")
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PKG.MODULE:CLASS",
+        help="your own model class (importable; built with --model-kwargs), for run folders "
+        "without run.json (Lightning, Hugging Face, numbered files)",
+    )
     p.add_argument("--model-kwargs", default="{}", metavar="JSON", help="keyword arguments of --model")
     p.add_argument("--prefix", default=None, help="key prefix of the weights in the checkpoints (e.g. 'ema.')")
 
@@ -192,8 +248,11 @@ def _build_user_model(a):
 
 
 def _analyze_args(p):
-    p.add_argument("run", help="a run folder: run.json + checkpoints, or (with --model) Lightning "
-                               "*.ckpt, Hugging Face checkpoint-N/ or numbered checkpoint files")
+    p.add_argument(
+        "run",
+        help="a run folder: run.json + checkpoints, or (with --model) Lightning "
+        "*.ckpt, Hugging Face checkpoint-N/ or numbered checkpoint files",
+    )
     _user_model(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--alpha", type=float, default=0.5)
@@ -210,23 +269,36 @@ def _analyze_run(a) -> int:
     from ..checkpoints import Run
 
     run = Run.from_dir(a.run, model=_build_user_model(a), prefix=a.prefix)
-    res = analyze(run, alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype),
-                  tol=a.tol, method=a.method)
+    res = analyze(run, alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype), tol=a.tol, method=a.method)
     if a.json:
         print(json.dumps(_json_safe(res.to_dict()), indent=2, allow_nan=False))
     else:
         import pandas as pd
 
         with pd.option_context("display.width", 200, "display.max_columns", 30):
-            cols = ["t", "mean", "std", "median", "skewness", "kurtosis", "eigenvalue",
-                    "iterations", "converged", "connected"]
-            print(f"{res.run.name}: {res.topology.num_nodes} nodes, {res.topology.num_edges} edges, "
-                  f"{len(res)} checkpoints")
+            cols = [
+                "t",
+                "mean",
+                "std",
+                "median",
+                "skewness",
+                "kurtosis",
+                "eigenvalue",
+                "iterations",
+                "converged",
+                "connected",
+            ]
+            print(
+                f"{res.run.name}: {res.topology.num_nodes} nodes, {res.topology.num_edges} edges, "
+                f"{len(res)} checkpoints"
+            )
             cov = res.coverage
             mats = cov[cov["shape"].map(len) >= 2]
             graphed = int((mats["role"] == "graphed").sum())
-            print(f"coverage: {graphed} of {len(mats)} weight matrices in the graph; "
-                  + ", ".join(f"{n} {role}" for role, n in cov["role"].value_counts().items()))
+            print(
+                f"coverage: {graphed} of {len(mats)} weight matrices in the graph; "
+                + ", ".join(f"{n} {role}" for role, n in cov["role"].value_counts().items())
+            )
             for _, row in mats[mats["role"] != "graphed"].iterrows():
                 print(f"  not graphed: {row['parameter']} {list(row['shape'])}: {row['reason']}")
             print(res.table()[cols].to_string(index=False))
@@ -285,12 +357,21 @@ def _train_args(p):
 
 def _scaling(p):
     # predictor.SCALINGS, spelled out so that parsing arguments does not import torch
-    p.add_argument("--scaling", choices=("standard", "quantile"), default="standard",
-                   help="feature scaling before the MLP: standard (the method) or quantile (normal scores of "
-                        "the training ranks; option beyond the method, for heavy-tailed features such as DTG's)")
-    p.add_argument("--select", type=_positive_int, default=None, metavar="M",
-                   help="train the MLP on the M features with the largest ANOVA F between the classes "
-                        "in the training split (option beyond the method; default: all features)")
+    p.add_argument(
+        "--scaling",
+        choices=("standard", "quantile"),
+        default="standard",
+        help="feature scaling before the MLP: standard (the method) or quantile (normal scores of "
+        "the training ranks; option beyond the method, for heavy-tailed features such as DTG's)",
+    )
+    p.add_argument(
+        "--select",
+        type=_positive_int,
+        default=None,
+        metavar="M",
+        help="train the MLP on the M features with the largest ANOVA F between the classes "
+        "in the training split (option beyond the method; default: all features)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -334,13 +415,24 @@ def _train_run(a) -> int:
     runs = _load_sweep(a)
     label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
     X, names, k, usable = _sweep_features(a, runs)
-    runs = [r for r, u in zip(runs, usable) if u]   # failed runs: named in a warning, left out
+    runs = [r for r, u in zip(runs, usable) if u]  # failed runs: named in a warning, left out
     X = X[torch_index(usable)]
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
-    clf = PerformancePredictor(epochs=a.epochs, random_state=a.seed, scaling=a.scaling, select=a.select, feature_settings={
-        "alpha": a.alpha, "timesteps": k, "threshold": a.threshold, "statistics": names,
-        "eigenvalue": bool(a.eigenvalue), "per_layer": bool(a.per_layer),
-        "architecture": architecture_signature(runs[0].topology)})
+    clf = PerformancePredictor(
+        epochs=a.epochs,
+        random_state=a.seed,
+        scaling=a.scaling,
+        select=a.select,
+        feature_settings={
+            "alpha": a.alpha,
+            "timesteps": k,
+            "threshold": a.threshold,
+            "statistics": names,
+            "eigenvalue": bool(a.eigenvalue),
+            "per_layer": bool(a.per_layer),
+            "architecture": architecture_signature(runs[0].topology),
+        },
+    )
     clf.fit(X.double().numpy(), y)
     clf.save(a.out)
     print(f"trained on {len(runs)} runs ({int(y.sum())} sufficient), k={k}: {a.out}")
@@ -354,8 +446,12 @@ train = _command("train", "fit a predictor on a sweep and save it", _train_args,
 def _predict_args(p):
     p.add_argument("predictor", help="file written by 'dtg train'")
     p.add_argument("runs", nargs="+", help="run folders")
-    p.add_argument("--min-probability", type=float, default=0.3,
-                   help="verdict 'stop' below this P(sufficient) (default 0.3, as dtg watch)")
+    p.add_argument(
+        "--min-probability",
+        type=float,
+        default=0.3,
+        help="verdict 'stop' below this P(sufficient) (default 0.3, as dtg watch)",
+    )
     _user_model(p)
     _device(p)
     _strict(p)
@@ -397,12 +493,20 @@ def _evaluate_args(p):
     _user_model(p)
     p.add_argument("--threshold", default="median")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--features", nargs="+", default=["dtg"],
-                   help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, "
-                        "dtg_per_layer+eigenvalue, learning_curve")
+    p.add_argument(
+        "--features",
+        nargs="+",
+        default=["dtg"],
+        help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, "
+        "dtg_per_layer+eigenvalue, learning_curve",
+    )
     p.add_argument("--json", action="store_true")
-    p.add_argument("--report", default=None, metavar="DIR",
-                   help="also write an HTML report (every run's P(sufficient) and verdict, plots) into DIR")
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="also write an HTML report (every run's P(sufficient) and verdict, plots) into DIR",
+    )
     _features(p)
     _scaling(p)
     _strict(p)
@@ -418,15 +522,20 @@ def _evaluate_run(a) -> int:
     unknown = [f for f in a.features if f not in FEATURE_SETS]
     if unknown:
         raise ValueError(f"unknown feature set(s) {unknown}; choose from {', '.join(FEATURE_SETS)}")
-    sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict,
-                         **_executor(a))
+    sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict, **_executor(a))
     k = a.timesteps or sf.timesteps
     if k > sf.timesteps:
         from ..exceptions import InsufficientCheckpointsError
 
         raise InsufficientCheckpointsError(f"--timesteps {k}: the sweep's runs have only {sf.timesteps} checkpoints")
-    rows = compare(sf, [k], a.features, threshold=_threshold(a.threshold), repeats=a.repeats,
-                   clf=PerformancePredictor(scaling=a.scaling, select=a.select))
+    rows = compare(
+        sf,
+        [k],
+        a.features,
+        threshold=_threshold(a.threshold),
+        repeats=a.repeats,
+        clf=PerformancePredictor(scaling=a.scaling, select=a.select),
+    )
     if a.report:
         from ..analysis import analyze
         from ..report import write_report
@@ -435,13 +544,20 @@ def _evaluate_run(a) -> int:
         usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
         example = analyze(usable[len(usable) // 2], device=a.device) if usable else None
         verdicts = run_verdicts(sf, [k], features=a.features[0], threshold=_threshold(a.threshold))
-        index = write_report(Path(a.report), sf, rows, example, rows[0], title=f"dtg evaluate: {a.sweep}",
-                             verdicts=verdicts)
+        index = write_report(
+            Path(a.report), sf, rows, example, rows[0], title=f"dtg evaluate: {a.sweep}", verdicts=verdicts
+        )
         print(f"report: {index}", file=sys.stderr)
     if a.json:
-        print(json.dumps(_json_safe([{"features": r["features"], "k": r["k"],
-                                      **{m: r["scores"][m] for m in METRICS}}
-                                     for r in rows]), indent=2, allow_nan=False))
+        print(
+            json.dumps(
+                _json_safe(
+                    [{"features": r["features"], "k": r["k"], **{m: r["scores"][m] for m in METRICS}} for r in rows]
+                ),
+                indent=2,
+                allow_nan=False,
+            )
+        )
     else:
         print(results_table(rows))
     return 0
@@ -496,6 +612,7 @@ def _env_run(a) -> int:
     print(f"cpu threads     {torch.get_num_threads()}")
     try:
         import torch_scatter  # noqa: F401
+
         print("torch-scatter   installed (optional)")
     except ImportError:
         print("torch-scatter   not installed (optional)")
@@ -527,17 +644,25 @@ demo = _command("demo", "train the digits sweep, featurise, evaluate, write a re
 # ------------------------------------------------------------------------------ watch
 def _watch_args(p):
     p.add_argument("sweep", help="sweep folder being trained (dtg sweep --out), or a folder of run folders")
-    p.add_argument("--predictor", default=None, help="file written by 'dtg train' (default: learn online "
-                   "from the sweep's finished runs)")
+    p.add_argument(
+        "--predictor",
+        default=None,
+        help="file written by 'dtg train' (default: learn online from the sweep's finished runs)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run and pass, for scripts")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default 30)")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.add_argument("--min-probability", type=float, default=0.3, help="stop below this P(sufficient) (default 0.3)")
     p.add_argument("--patience", type=_positive_int, default=1, help="checks in a row below it (default 1)")
     p.add_argument("--n-startup", type=int, default=10, help="finished runs needed before any verdict (default 10)")
-    p.add_argument("--threshold", default="median", help="sufficient: final accuracy >= 'median', 'qX' (e.g. q0.75) or a number")
-    p.add_argument("--features", default="dtg_per_layer",
-                   help="dtg, dtg+eigenvalue, dtg_per_layer (default), dtg_per_layer+eigenvalue, dtg+weight_stats")
+    p.add_argument(
+        "--threshold", default="median", help="sufficient: final accuracy >= 'median', 'qX' (e.g. q0.75) or a number"
+    )
+    p.add_argument(
+        "--features",
+        default="dtg_per_layer",
+        help="dtg, dtg+eigenvalue, dtg_per_layer (default), dtg_per_layer+eigenvalue, dtg+weight_stats",
+    )
     _user_model(p)
     _device(p)
 
@@ -550,26 +675,36 @@ def _watch_run(a) -> int:
     if not a.interval > 0:
         raise ValueError(f"--interval must be positive, got {a.interval}")
     clf = PerformancePredictor.load(a.predictor) if a.predictor else None
-    rule = StoppingRule(predictor=clf, min_probability=a.min_probability, patience=a.patience,
-                        n_startup_trials=a.n_startup, threshold=_threshold(a.threshold), features=a.features,
-                        use_values=False)
+    rule = StoppingRule(
+        predictor=clf,
+        min_probability=a.min_probability,
+        patience=a.patience,
+        n_startup_trials=a.n_startup,
+        threshold=_threshold(a.threshold),
+        features=a.features,
+        use_values=False,
+    )
     watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)
     shown: dict[str, tuple] = {}
     for verdicts in watcher.watch(interval=a.interval, once=a.once):
         for v in verdicts:
             key = (v.checkpoints, v.verdict)
             if shown.get(v.run) == key:
-                continue   # print a run again only when it changed
+                continue  # print a run again only when it changed
             shown[v.run] = key
             if a.json:
                 print(json.dumps(_json_safe(v.to_dict())), flush=True)
             else:
                 p = "-" if v.p_sufficient is None else f"{v.p_sufficient:.3f}"
-                extra = (f"\tfinal={v.final_accuracy:.4f}" if v.final_accuracy is not None
-                         else (f"\t{v.error}" if v.error else ""))
+                extra = (
+                    f"\tfinal={v.final_accuracy:.4f}"
+                    if v.final_accuracy is not None
+                    else (f"\t{v.error}" if v.error else "")
+                )
                 print(f"{v.run}\tk={v.checkpoints}\tP(sufficient)={p}\t{v.verdict}{extra}", flush=True)
     return 0
 
 
-watch = _command("watch", "as checkpoints land: each run's P(sufficient) and a stop/continue verdict",
-                 _watch_args, _watch_run)
+watch = _command(
+    "watch", "as checkpoints land: each run's P(sufficient) and a stop/continue verdict", _watch_args, _watch_run
+)

@@ -14,8 +14,10 @@ SUBCOMMANDS = ["sweep", "analyze", "featurize", "train", "predict", "watch", "ev
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dtg", description="Predict from a run's checkpoints whether it ends with "
-                                "sufficient accuracy (dynamic temporal graphs).")
+        prog="dtg",
+        description="Predict from a run's checkpoints whether it ends with "
+        "sufficient accuracy (dynamic temporal graphs).",
+    )
     from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"dtg_gpu {__version__}")
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dtg {args.command}: warning: {_one_line(message)}", file=sys.stderr)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                 # libraries' deprecation notices are not ours
+        warnings.simplefilter("ignore")  # libraries' deprecation notices are not ours
         warnings.simplefilter("always", DTGWarning)
         warnings.showwarning = show
         try:
@@ -46,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("dtg: interrupted", file=sys.stderr)
             return 130
-        except (ValueError, OSError, RuntimeError, KeyError, TypeError, ImportError) as exc:  # DTGError derives from these
+        except (
+            ValueError,
+            OSError,
+            RuntimeError,
+            KeyError,
+            TypeError,
+            ImportError,
+        ) as exc:  # DTGError derives from these
             if os.environ.get("DTG_DEBUG"):
                 raise
             print(f"dtg {args.command}: error: {_one_line(exc)}", file=sys.stderr)

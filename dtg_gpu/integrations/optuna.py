@@ -45,13 +45,12 @@ import torch
 
 try:
     import optuna
-except ImportError:   # pragma: no cover - the extra is installed by make test
+except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
 from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
 
-__all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records",
-           "trial_run"]
+__all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records", "trial_run"]
 
 _STEP = "dtg:step:"
 _PROB = "dtg:p:"
@@ -59,9 +58,11 @@ _FOLDER = "dtg:checkpoint_folder"
 _MEMORY: dict[tuple[int, int], dict[int, dict[str, torch.Tensor]]] = {}
 _LOCK = threading.Lock()
 
-_MULTI = ("Optuna does not support pruning in multi-objective studies (trial.report and "
-          "trial.should_prune raise there); dtg's report() still records checkpoints when called "
-          "without a value")
+_MULTI = (
+    "Optuna does not support pruning in multi-objective studies (trial.report and "
+    "trial.should_prune raise there); dtg's report() still records checkpoints when called "
+    "without a value"
+)
 
 
 def _backend(storage):
@@ -103,16 +104,18 @@ def checkpoint_folder(study) -> Path | None:
     if kind == "RDBStorage":
         url = str(b.url)
         if url.startswith("sqlite:///"):
-            path = url[len("sqlite:///"):].split("?")[0]
+            path = url[len("sqlite:///") :].split("?")[0]
             if path in ("", ":memory:"):
                 return None
             base = path
     elif kind == "JournalStorage":
         base = getattr(getattr(b, "_backend", None), "_file_path", None)
     if base is None:
-        raise ValueError(f"{kind} has no local file to keep checkpoints beside: call "
-                         "dtg_gpu.integrations.optuna.set_checkpoint_folder(study, folder) once, with a "
-                         "folder every worker sees")
+        raise ValueError(
+            f"{kind} has no local file to keep checkpoints beside: call "
+            "dtg_gpu.integrations.optuna.set_checkpoint_folder(study, folder) once, with a "
+            "folder every worker sees"
+        )
     base_path = Path(base)
     return base_path.with_name(base_path.name + ".dtg") / _safe(study.study_name)
 
@@ -157,8 +160,11 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
             raise ValueError(_MULTI)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
             raise ValueError(f"value must be a finite number, got {value!r}")
-    state = {k: v.detach().to("cpu", copy=True).contiguous()
-             for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    state = {
+        k: v.detach().to("cpu", copy=True).contiguous()
+        for k, v in model.state_dict().items()
+        if isinstance(v, torch.Tensor)
+    }
     folder = checkpoint_folder(study)
     if folder is None:
         with _LOCK:
@@ -180,7 +186,7 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
 def trial_records(trial) -> tuple[list[int], list[dict]]:
     """``(steps, records)`` a trial stored through :func:`report`, in step order."""
     attrs = trial.system_attrs
-    steps = sorted(int(k[len(_STEP):]) for k in attrs if k.startswith(_STEP))
+    steps = sorted(int(k[len(_STEP) :]) for k in attrs if k.startswith(_STEP))
     return steps, [attrs[f"{_STEP}{s:09d}"] for s in steps]
 
 
@@ -196,8 +202,12 @@ def trial_run(study, trial, model: torch.nn.Module):
         ckpts = [mem[s] for s in steps if s in mem]
     else:
         ckpts = [folder / f"trial-{trial.number:06d}" / f"step-{s:09d}.safetensors" for s in steps]
-    return Run(model=model, checkpoints=ckpts, name=f"trial-{trial.number}",
-               meta={"final_accuracy": trial.value} if trial.value is not None else {})
+    return Run(
+        model=model,
+        checkpoints=ckpts,
+        name=f"trial-{trial.number}",
+        meta={"final_accuracy": trial.value} if trial.value is not None else {},
+    )
 
 
 def _values(trial, steps: Sequence[int]) -> list[float | None]:
@@ -242,14 +252,32 @@ class DTGPruner(optuna.pruners.BasePruner):
     pruners. Optuna refuses pruning in multi-objective studies, and so does this pruner.
     """
 
-    def __init__(self, predictor=None, *, min_probability: float = 0.3, patience: int = 1,
-                 n_startup_trials: int = 10, n_warmup_steps: int = 0, threshold: Any = "median",
-                 features: str = "dtg_per_layer", use_values: Any = "auto", alpha: float = 0.5) -> None:
-        self._params = dict(predictor=predictor, min_probability=min_probability, patience=patience,
-                            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps,
-                            threshold=threshold, features=features, use_values=use_values, alpha=alpha)
+    def __init__(
+        self,
+        predictor=None,
+        *,
+        min_probability: float = 0.3,
+        patience: int = 1,
+        n_startup_trials: int = 10,
+        n_warmup_steps: int = 0,
+        threshold: Any = "median",
+        features: str = "dtg_per_layer",
+        use_values: Any = "auto",
+        alpha: float = 0.5,
+    ) -> None:
+        self._params = dict(
+            predictor=predictor,
+            min_probability=min_probability,
+            patience=patience,
+            n_startup_trials=n_startup_trials,
+            n_warmup_steps=n_warmup_steps,
+            threshold=threshold,
+            features=features,
+            use_values=use_values,
+            alpha=alpha,
+        )
         self._rules: dict[str, StoppingRule] = {}
-        self._rule("maximize")   # validates the parameters now, not at the first prune
+        self._rule("maximize")  # validates the parameters now, not at the first prune
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self._params.items() if k != "predictor")
@@ -288,4 +316,3 @@ class DTGPruner(optuna.pruners.BasePruner):
         attrs = trial.system_attrs
         history = [attrs.get(f"{_PROB}{s:09d}") for s in steps[:-1]] + [p]
         return self._rule("maximize").should_stop(history, diverged=is_diverged(records))
-

@@ -37,7 +37,7 @@ from torch import nn
 
 try:
     import ray
-except ImportError:   # pragma: no cover - the extra is installed by make test
+except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("executor='ray' (--ray) needs Ray: pip install 'dtg_gpu[ray]'") from None
 
 from ..engine import Unit, resolve_device
@@ -60,11 +60,17 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, configure_logging=False)
-    else:   # workers import dtg_gpu from where this process does (also from a source tree)
+    else:  # workers import dtg_gpu from where this process does (also from a source tree)
         here = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
-                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": path}},
+        )
     try:
         yield True
     finally:
@@ -97,7 +103,7 @@ def _meta_copy(model: nn.Module) -> nn.Module:
             memo[id(t)] = nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else m
     try:
         return copy.deepcopy(model, memo)
-    except Exception:   # a module that cannot be copied travels as it is
+    except Exception:  # a module that cannot be copied travels as it is
         return model
 
 
@@ -107,18 +113,27 @@ def _portable(runs: Sequence, model: nn.Module) -> list:
     for run in runs:
         held = [c for c in run.checkpoints if not isinstance(c, (str, os.PathLike))]
         if held:
-            raise ValueError(f"run {run.name!r} holds its checkpoints in memory; executor='ray' sends "
-                             "checkpoint paths to the cluster: save them to files (or use executor='local')")
+            raise ValueError(
+                f"run {run.name!r} holds its checkpoints in memory; executor='ray' sends "
+                "checkpoint paths to the cluster: save them to files (or use executor='local')"
+            )
         r = copy.copy(run)
-        r.__dict__.pop("topology", None)   # traced again on the worker, from the architecture
+        r.__dict__.pop("topology", None)  # traced again on the worker, from the architecture
         r.model = model
-        r.checkpoints = [os.path.abspath(c) for c in run.checkpoints]   # workers' cwd is not ours
+        r.checkpoints = [os.path.abspath(c) for c in run.checkpoints]  # workers' cwd is not ours
         out.append(r)
     return out
 
 
-def _featurize_task(runs: list, unit: Unit, settings: SolveSettings, device: str | None,
-                    cache_folder: str | None, cache_root: str | None, key: str | None) -> UnitResult:
+def _featurize_task(
+    runs: list,
+    unit: Unit,
+    settings: SolveSettings,
+    device: str | None,
+    cache_folder: str | None,
+    cache_root: str | None,
+    key: str | None,
+) -> UnitResult:
     result = solve_unit(runs, unit, settings, resolve_device(device))
     if cache_folder is not None:
         store(FeatureCache(cache_folder, cache_root), runs, key, result)
@@ -131,8 +146,9 @@ def _cause(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text[-1] if text else ''}"
 
 
-def _drain(pending: dict, handle: Callable[[Any, Any, BaseException | None], tuple[int, int]],
-           bar=None, k: int = 0) -> None:
+def _drain(
+    pending: dict, handle: Callable[[Any, Any, BaseException | None], tuple[int, int]], bar=None, k: int = 0
+) -> None:
     """Wait for every task of ``pending`` (``ref -> item``), calling ``handle(item, value,
     error)`` as each ends (``error``: what ``ray.get`` raised, after Ray's retries); it
     returns ``(runs, bar steps)``. The bar shows runs (and graphs, ``k`` per run) per second.
@@ -164,12 +180,22 @@ def _bar(progress: bool, total: int, desc: str, unit: str, initial: int = 0):
     if not progress:
         return None
     from tqdm.auto import tqdm
+
     return tqdm(total=total, initial=initial, desc=desc, unit=unit)
 
 
-def solve_jobs(jobs: Sequence[Job], settings: SolveSettings, device: torch.device | None,
-               cache: FeatureCache | None, on_done: Callable[[Job], None], *, progress: bool = False,
-               address: str | None = None, strict: bool = False, failed: dict[int, str]) -> None:
+def solve_jobs(
+    jobs: Sequence[Job],
+    settings: SolveSettings,
+    device: torch.device | None,
+    cache: FeatureCache | None,
+    on_done: Callable[[Job], None],
+    *,
+    progress: bool = False,
+    address: str | None = None,
+    strict: bool = False,
+    failed: dict[int, str],
+) -> None:
     """Solve ``jobs`` as Ray tasks; ``on_done(job)`` as each returns (in completion order).
 
     A task that raises (after Ray's retries for lost workers) marks its runs in ``failed``
@@ -182,10 +208,15 @@ def solve_jobs(jobs: Sequence[Job], settings: SolveSettings, device: torch.devic
             key = id(job.topology)
             if key not in models:
                 models[key] = _meta_copy(job.runs[0].model)
-            ref = remote.remote(_portable(job.runs, models[key]), job.unit, settings,
-                                None if device is None else str(device),
-                                None if cache is None else str(cache.folder.resolve()),
-                                None if cache is None else str(cache.root), job.key)
+            ref = remote.remote(
+                _portable(job.runs, models[key]),
+                job.unit,
+                settings,
+                None if device is None else str(device),
+                None if cache is None else str(cache.folder.resolve()),
+                None if cache is None else str(cache.root),
+                job.key,
+            )
             pending[ref] = job
 
         def handle(job: Job, value: UnitResult | None, error: BaseException | None) -> tuple[int, int]:
@@ -202,8 +233,9 @@ def solve_jobs(jobs: Sequence[Job], settings: SolveSettings, device: torch.devic
         _drain(pending, handle, _bar(progress, len(pending), "centrality (ray)", "task"), settings.k)
 
 
-def _train_task(cfg, batch: list, out: str, device: str | None, data_root: str | None, download: bool,
-                dataset) -> list[str]:
+def _train_task(
+    cfg, batch: list, out: str, device: str | None, data_root: str | None, download: bool, dataset
+) -> list[str]:
     from ..data import load_dataset
     from ..sweeps import train_batch, tune_cpu_malloc
 
@@ -214,9 +246,20 @@ def _train_task(cfg, batch: list, out: str, device: str | None, data_root: str |
     return train_batch(cfg, ds, batch, Path(out), dev, progress=False)
 
 
-def train_batches(cfg, batches: Sequence[list], out: Path, *, device: Any = None, data_root: str | None = None,
-                  download: bool = False, dataset=None, progress: bool = True, address: str | None = None,
-                  done: int = 0, total: int | None = None) -> None:
+def train_batches(
+    cfg,
+    batches: Sequence[list],
+    out: Path,
+    *,
+    device: Any = None,
+    data_root: str | None = None,
+    download: bool = False,
+    dataset=None,
+    progress: bool = True,
+    address: str | None = None,
+    done: int = 0,
+    total: int | None = None,
+) -> None:
     """Train each batch of ``(name, point)`` runs as one Ray task into ``out``.
 
     Raises
@@ -231,9 +274,18 @@ def train_batches(cfg, batches: Sequence[list], out: Path, *, device: Any = None
     with ray_session(address):
         remote = ray.remote(max_retries=MAX_RETRIES, **task_resources(dev))(_train_task)
         ds_ref = ray.put(dataset) if dataset is not None else None
-        pending = {remote.remote(cfg, batch, str(Path(out).resolve()), None if dev is None else str(dev),
-                                 None if data_root is None else str(Path(data_root).resolve()), download,
-                                 ds_ref): batch for batch in batches}
+        pending = {
+            remote.remote(
+                cfg,
+                batch,
+                str(Path(out).resolve()),
+                None if dev is None else str(dev),
+                None if data_root is None else str(Path(data_root).resolve()),
+                download,
+                ds_ref,
+            ): batch
+            for batch in batches
+        }
 
         def handle(batch: list, value: Any, error: BaseException | None) -> tuple[int, int]:
             for name, _ in batch if error is not None else ():
@@ -243,5 +295,8 @@ def train_batches(cfg, batches: Sequence[list], out: Path, *, device: Any = None
         _drain(pending, handle, _bar(progress, total or done + sum(map(len, batches)), "sweep (ray)", "run", done))
     if failures:
         lines = "; ".join(f"{n}: {why}" for n, why in list(failures.items())[:8])
-        raise SweepFailedError(f"{len(failures)} run(s) of {out} could not be trained ({lines}); every other "
-                               "run is complete; rerun the same command to retry them", failures)
+        raise SweepFailedError(
+            f"{len(failures)} run(s) of {out} could not be trained ({lines}); every other "
+            "run is complete; rerun the same command to retry them",
+            failures,
+        )

@@ -46,7 +46,7 @@ import torch
 try:
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
     from ray.tune.stopper import Stopper
-except ImportError:   # pragma: no cover - the extra is installed by make test
+except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
 
 from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
@@ -72,13 +72,15 @@ def checkpoint_weights(folder: str | os.PathLike, name: str | None = None) -> di
     folder = Path(folder)
     if name is not None:
         return load_state_dict(confined_path(folder, name, what=f"checkpoint folder {folder}"))
-    for suffix in CHECKPOINT_SUFFIXES:   # safetensors first
+    for suffix in CHECKPOINT_SUFFIXES:  # safetensors first
         files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(suffix))
         if len(files) == 1:
             return load_state_dict(files[0])
         if len(files) > 1:
-            raise CheckpointError(f"{folder}: several {suffix} files ({', '.join(p.name for p in files[:4])}); "
-                                  "pass checkpoint_file= to name the weights")
+            raise CheckpointError(
+                f"{folder}: several {suffix} files ({', '.join(p.name for p in files[:4])}); "
+                "pass checkpoint_file= to name the weights"
+            )
     raise CheckpointError(f"{folder}: no weights file ({', '.join(CHECKPOINT_SUFFIXES)}) in the reported checkpoint")
 
 
@@ -149,7 +151,7 @@ class _State:
 def _trial_folder(trial) -> Path | None:
     try:
         fs_path = trial.storage.trial_fs_path
-    except Exception:   # a trial without a folder yet
+    except Exception:  # a trial without a folder yet
         return None
     return Path(fs_path)
 
@@ -161,7 +163,7 @@ def _mark_stopped(folder: Path | None, trial_id: str) -> None:
 
     try:
         atomic_write(folder / _MARKER, json.dumps({"trial_id": trial_id, "stopped_by": "dtg_gpu"}))
-    except OSError:   # remote storage: the marker is an optimisation for restores
+    except OSError:  # remote storage: the marker is an optimisation for restores
         pass
 
 
@@ -184,19 +186,44 @@ class DTGScheduler(FIFOScheduler):
         checkpoints.
     """
 
-    def __init__(self, model: torch.nn.Module | Callable[[dict], torch.nn.Module], *,
-                 metric: str | None = None, mode: str | None = None, checkpoint_file: str | None = None,
-                 predictor=None, min_probability: float = 0.3, patience: int = 1,
-                 n_startup_trials: int = 10, n_warmup_steps: int = 0, threshold: Any = "median",
-                 features: str = "dtg_per_layer", use_values: Any = "auto", alpha: float = 0.5) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module | Callable[[dict], torch.nn.Module],
+        *,
+        metric: str | None = None,
+        mode: str | None = None,
+        checkpoint_file: str | None = None,
+        predictor=None,
+        min_probability: float = 0.3,
+        patience: int = 1,
+        n_startup_trials: int = 10,
+        n_warmup_steps: int = 0,
+        threshold: Any = "median",
+        features: str = "dtg_per_layer",
+        use_values: Any = "auto",
+        alpha: float = 0.5,
+    ) -> None:
         super().__init__()
         if mode not in (None, "min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self._metric = metric
-        self._dtg = _State(model, metric, mode, checkpoint_file, dict(
-            predictor=predictor, min_probability=min_probability, patience=patience,
-            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps, threshold=threshold,
-            features=features, use_values=use_values, alpha=alpha))
+        self._dtg = _State(
+            model,
+            metric,
+            mode,
+            checkpoint_file,
+            dict(
+                predictor=predictor,
+                min_probability=min_probability,
+                patience=patience,
+                n_startup_trials=n_startup_trials,
+                n_warmup_steps=n_warmup_steps,
+                threshold=threshold,
+                features=features,
+                use_values=use_values,
+                alpha=alpha,
+            ),
+        )
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
         self._dtg.set_properties(metric, mode)
@@ -218,11 +245,11 @@ class DTGScheduler(FIFOScheduler):
         if not ckpts:
             return
         self._dtg.records[trial.trial_id] = [self._dtg.record_of(trial.trial_id, trial.config, c) for c in ckpts]
-        self._dtg.values[trial.trial_id] = [None] * len(ckpts)   # values per checkpoint are not kept by Tune
+        self._dtg.values[trial.trial_id] = [None] * len(ckpts)  # values per checkpoint are not kept by Tune
         self._dtg.complete(trial.trial_id, trial.last_result)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
-        if result.get("done"):   # Tune repeats a finished trial's last result with done=True
+        if result.get("done"):  # Tune repeats a finished trial's last result with done=True
             return TrialScheduler.CONTINUE
         name = result.get("checkpoint_dir_name")
         folder = _trial_folder(trial)
@@ -241,8 +268,7 @@ class DTGScheduler(FIFOScheduler):
         return list(self._dtg.history.get(trial_id, []))
 
     def debug_string(self) -> str:
-        return (f"DTGScheduler: {len(self._dtg.finished)} finished trials learnt from, "
-                f"{len(self._dtg.stopped)} stopped")
+        return f"DTGScheduler: {len(self._dtg.finished)} finished trials learnt from, {len(self._dtg.stopped)} stopped"
 
 
 class DTGStopper(Stopper):
@@ -262,18 +288,44 @@ class DTGStopper(Stopper):
         As in :class:`DTGScheduler`.
     """
 
-    def __init__(self, model: torch.nn.Module, experiment_path: str | os.PathLike, *, metric: str,
-                 mode: str = "max", checkpoint_file: str | None = None, predictor=None,
-                 min_probability: float = 0.3, patience: int = 1, n_startup_trials: int = 10,
-                 n_warmup_steps: int = 0, threshold: Any = "median", features: str = "dtg_per_layer",
-                 use_values: Any = "auto", alpha: float = 0.5) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        experiment_path: str | os.PathLike,
+        *,
+        metric: str,
+        mode: str = "max",
+        checkpoint_file: str | None = None,
+        predictor=None,
+        min_probability: float = 0.3,
+        patience: int = 1,
+        n_startup_trials: int = 10,
+        n_warmup_steps: int = 0,
+        threshold: Any = "median",
+        features: str = "dtg_per_layer",
+        use_values: Any = "auto",
+        alpha: float = 0.5,
+    ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.experiment_path = Path(experiment_path)
-        self._dtg = _State(model, metric, mode, checkpoint_file, dict(
-            predictor=predictor, min_probability=min_probability, patience=patience,
-            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps, threshold=threshold,
-            features=features, use_values=use_values, alpha=alpha))
+        self._dtg = _State(
+            model,
+            metric,
+            mode,
+            checkpoint_file,
+            dict(
+                predictor=predictor,
+                min_probability=min_probability,
+                patience=patience,
+                n_startup_trials=n_startup_trials,
+                n_warmup_steps=n_warmup_steps,
+                threshold=threshold,
+                features=features,
+                use_values=use_values,
+                alpha=alpha,
+            ),
+        )
 
     def _folder(self, trial_id: str) -> Path | None:
         hits = [p for p in self.experiment_path.glob(f"*{trial_id}*") if p.is_dir()]

@@ -38,7 +38,7 @@ def reference_adjacency(topology: ChannelTopology, state: Mapping[str, torch.Ten
         for i in range(out):
             g = i // opg
             u = o_nodes[i]
-            v = i_nodes[g * cin:(g + 1) * cin]
+            v = i_nodes[g * cin : (g + 1) * cin]
             # an undirected edge u - v: store both triangles, a self-loop once
             rows.append(np.full(cin, u)), cols.append(v), vals.append(norms[i])
             off = v != u
