@@ -24,6 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check dtg_gpu benchmarks tests
 	$(VENV)/bin/ruff format --check dtg_gpu benchmarks tests
+	$(PY) -m mypy
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q -d site
 

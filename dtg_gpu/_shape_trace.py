@@ -113,7 +113,7 @@ _LAYOUT_FNS = {
 def _packed_attention_functions() -> dict:
     import inspect
 
-    out = {}
+    out: dict = {}
     try:
         from torchvision.models import swin_transformer as swin
     except ImportError:  # pragma: no cover - torchvision is a dependency

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -341,7 +341,7 @@ def featurize_with_failures(
     eigenvalue: bool = False,
     per_layer: bool = False,
     strict: bool = False,
-    executor: str = "local",
+    executor: Literal["local", "ray"] = "local",
     address: str | None = None,
     cache: Any = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:

@@ -350,10 +350,11 @@ def solve_perron(
                 "bipartite=True needs an operator with a bipartite topology "
                 "(BlockOperator.bipartite_square), all nodes unmasked and max_iter >= 2"
             )
+        dtype = matvec.dtype  # type: ignore[attr-defined]  # the operator's documented contract
         if square is not None:
-            res = _lanczos_bipartite(square, attainable_tol(tol, matvec.dtype), int(max_iter), int(ncv))
+            res = _lanczos_bipartite(square, attainable_tol(tol, dtype), int(max_iter), int(ncv))
         else:
-            res = _lanczos(matvec, mask, attainable_tol(tol, matvec.dtype), int(max_iter), int(ncv))
+            res = _lanczos(matvec, mask, attainable_tol(tol, dtype), int(max_iter), int(ncv))
     elif method == "networkx":
         res = _networkx_power(matvec, mask, tol, int(max_iter))
     else:

@@ -67,7 +67,7 @@ def _harmless_globals() -> list:
     return out
 
 
-def _first_line(text: str) -> str:
+def _first_line(text: object) -> str:
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))  # torch colours its hints
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -236,8 +236,9 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     the format has one (safetensors; zip ``torch.save`` files are memory-mapped), so that a
     model can be checked against the file before anything is allocated for it."""
     path = Path(path)
-    if path.is_dir() and _hf_weights(path) is not None:
-        path = _hf_weights(path)
+    hf = _hf_weights(path) if path.is_dir() else None
+    if hf is not None:
+        path = hf
     if path.name.endswith(".index.json"):  # every shard's header
         meta = read_manifest(path)
         wmap = meta.get("weight_map") if isinstance(meta, dict) else None
@@ -300,9 +301,9 @@ def _with_prefix(
             f"({', '.join(repr(c) for c in full)}), e.g. an EMA copy beside the model; "
             f"choose one with Run(..., prefix=...) (or --prefix)"
         )
-    missing = next(p for p in params if _key(state, "", p, aliases) is None)
+    absent = next(p for p in params if _key(state, "", p, aliases) is None)
     hint = f" (found it under {cands[0]!r} but not the other weights)" if cands else ""
-    raise CheckpointError(f"{label}: parameter {missing!r} is missing{hint}")
+    raise CheckpointError(f"{label}: parameter {absent!r} is missing{hint}")
 
 
 def load_weights(
@@ -337,7 +338,9 @@ def load_weights(
     pre = _with_prefix(state, list(params), prefix, label, aliases)
     out = {}
     for p in params:
-        t = state[_key(state, pre, p, aliases)]
+        key = _key(state, pre, p, aliases)
+        assert key is not None  # _with_prefix found every parameter under pre
+        t = state[key]
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{label}: parameter {p!r} is not a tensor")
         if not t.is_floating_point():
@@ -407,7 +410,7 @@ def _lightning_position(path: Path) -> tuple[int, int]:
         raise CheckpointError(
             f"{path}: a Lightning checkpoint without integer 'epoch' and 'global_step': its time order cannot be told"
         )
-    return epoch, step
+    return int(epoch), int(step)  # type: ignore[arg-type]  # checked just above
 
 
 def _scan_checkpoints(path: Path) -> list[Path]:
@@ -432,7 +435,7 @@ def _scan_checkpoints(path: Path) -> list[Path]:
     ]
     ckpts = [f for f in files if f.suffix.lower() == ".ckpt"]
     if ckpts and len(ckpts) == len(files):
-        keyed = {}
+        keyed: dict[tuple[int, int], Path] = {}
         for f in sorted(ckpts, key=lambda f: f.name == "last.ckpt"):  # named ones first
             keyed.setdefault(_lightning_position(f), f)
         return [f for _, f in sorted(keyed.items())]

@@ -181,7 +181,7 @@ def _quantile_label(x: Any) -> bool:
 
 def _finite_record(rec: Mapping[str, Any]) -> bool:
     d = rec.get("dtg")
-    return bool(d) and all(v is not None for v in d)
+    return d is not None and len(d) > 0 and all(v is not None for v in d)
 
 
 def is_diverged(records: Sequence[Mapping[str, Any]]) -> bool:

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -135,8 +135,9 @@ def scaled_blocks(
     operation, not per byte (LeNet-5: 1,920 checkpoints × 5 layers of tiny norms).
     """
     g_count = len(weights)
-    blocks = []
+    blocks: list[torch.Tensor] = []
     for layer in topology.layers:
+        b: torch.Tensor | None
         if int(np.prod(layer.weight_shape)) <= SMALL_LAYER:  # few big ops beat many tiny ones
             b = wide_filter_norms(torch.stack([_widen(ws[layer.param], device, dtype) for ws in weights]), layer)
         else:  # norms written in place, checkpoint by checkpoint: no stacked copy of weights or blocks
@@ -146,6 +147,7 @@ def scaled_blocks(
                 if b is None:
                     b = torch.empty((g_count,) + layer.block_shape, dtype=w.dtype, device=device)
                 plain_filter_norms(w[None], layer, out=b[g : g + 1])
+            assert b is not None  # weights holds at least one checkpoint
             if not norms_in_range(b):  # rare: overflow/underflow hazard, redo the layer safely
                 b = torch.cat(
                     [
@@ -292,6 +294,7 @@ def iter_solve(
 
         pending = pool.submit(load, chunks[0]) if chunks else None
         for i, chunk in enumerate(chunks):
+            assert pending is not None
             (blocks, finite, scale), errors = pending.result()
             pending = pool.submit(load, chunks[i + 1]) if i + 1 < len(chunks) else None
             op = BlockOperator(topology, blocks, scale=scale)
@@ -319,12 +322,11 @@ def iter_solve(
 
 def concat_results(parts: Sequence[GraphBatchResult]) -> GraphBatchResult:
     """One :class:`GraphBatchResult` of several, rows in order."""
-    return GraphBatchResult(
-        **{
-            f: torch.cat([getattr(p, f) for p in parts]) if f != "error" else [e for p in parts for e in p.error]
-            for f in GraphBatchResult.__dataclass_fields__
-        }
-    )
+    fields: dict[str, Any] = {
+        f: torch.cat([getattr(p, f) for p in parts]) if f != "error" else [e for p in parts for e in p.error]
+        for f in GraphBatchResult.__dataclass_fields__
+    }
+    return GraphBatchResult(**fields)
 
 
 def solve_timesteps(
@@ -364,7 +366,8 @@ READ_ERRORS = (CheckpointError, TopologyError, OSError)
 def _read_weights(chunk, topology: ChannelTopology) -> tuple[list, list]:
     """Each item's weights, or NaN stand-ins (no memory: expanded scalars) and the reason
     when its checkpoint cannot be read, so that one bad file fails one graph, not the chunk."""
-    weights, errors = [], []
+    weights: list = []
+    errors: list[str | None] = []
     for run, t in chunk:
         try:
             weights.append(run.weights(t))

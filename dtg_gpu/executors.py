@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 
+from .centrality import Method
 from .checkpoints import Run
 from .engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
 from .feature_cache import CachedRun, FeatureCache, architecture_signature, unit_key
@@ -40,7 +41,7 @@ class SolveSettings:
     dtype: torch.dtype
     tol: float
     max_iter: int
-    method: str
+    method: Method
     per_layer: bool
     eigenvalue: bool
 
@@ -221,14 +222,16 @@ def featurize_runs(
     jobs = plan_jobs(groups, runs, s, chunk_size, cache)
     todo = []
     for job in jobs:
-        if job.key is not None:
+        if job.key is not None and cache is not None:
             hits = [cache.load(str(r.name), job.key, s.k, s.width(job.topology), s.dtype) for r in job.runs]
-            if all(h is not None for h in hits):
-                job.result = UnitResult(hits, [[None] * s.k for _ in hits])
+            found = [h for h in hits if h is not None]
+            if len(found) == len(hits):
+                job.result = UnitResult(found, [[None] * s.k for _ in found])
                 continue
         todo.append(job)
 
     def on_done(job: Job) -> None:
+        assert job.result is not None
         for row, entry, errors in zip(job.rows, job.result.entries, job.result.errors):
             stats[row] = entry.stats
             why = next((e for e in errors if e is not None), None)
@@ -257,6 +260,7 @@ def featurize_runs(
 
                 bar = tqdm(total=graphs, desc="centrality", unit="graph")
             try:
+                assert device is not None  # resolved by the caller for the local path
                 _solve_local(todo, s, device, cache, on_done, bar)
             finally:
                 if bar is not None:
@@ -269,20 +273,20 @@ def featurize_runs(
 
 def _warn_jobs(jobs: Sequence[Job], k: int) -> None:
     """The usual warnings (non-finite, not converged, disconnected), once per architecture."""
-    by_topo: dict[int, list[Job]] = {}
+    by_topo: dict[int, list[tuple[Job, UnitResult]]] = {}
     for job in jobs:
         if job.result is not None:
-            by_topo.setdefault(id(job.topology), []).append(job)
+            by_topo.setdefault(id(job.topology), []).append((job, job.result))
     for group in by_topo.values():
-        items = [(r, t) for job in group for r in job.runs for t in range(k)]
-        entries = [e for job in group for e in job.result.entries]
+        items = [(r, t) for job, _ in group for r in job.runs for t in range(k)]
+        entries = [e for _, res in group for e in res.entries]
         out = SimpleNamespace(
-            error=[e for job in group for errs in job.result.errors for e in errs],
+            error=[e for _, res in group for errs in res.errors for e in errs],
             **{
                 f: torch.cat([getattr(e, f) for e in entries]) for f in ("residual", "finite", "converged", "connected")
             },
         )
-        warn_results(items, out, stacklevel=5)
+        warn_results(items, out, stacklevel=5)  # type: ignore[arg-type]  # the fields it reads
 
 
 def default_cache(runs: Any, cache: Any) -> FeatureCache | None:

@@ -164,6 +164,7 @@ def _block_plan(topology: ChannelTopology, device: torch.device) -> list:
 
 def _square_plan(topology: ChannelTopology, device: torch.device):
     colour = topology.bipartition
+    assert colour is not None  # called for bipartite topologies only
     side = bool(colour.sum() < colour.size - colour.sum())  # the smaller colour
     p_nodes, q_nodes = np.flatnonzero(colour == side), np.flatnonzero(colour != side)
     pos = np.empty(colour.size, dtype=np.int64)

@@ -129,6 +129,7 @@ class GroupedSequential:
         while i < n:
             mod, (wk, bk) = self.layers[i], self.keys[i]
             if isinstance(mod, nn.Conv2d):
+                assert wk is not None
                 w = p[wk]
                 b = p[bk].reshape(-1) if bk else None
                 if shared and mod.groups > 1:  # keep channels run-major: give each run a copy
@@ -164,6 +165,7 @@ class GroupedSequential:
                     )
                     h = h * (torch.rand_like(h) < k) / k.clamp_min(1e-12)
             elif isinstance(mod, nn.Linear):
+                assert wk is not None
                 w = p[wk]
                 if not flat:
                     raise ValueError("Linear before Flatten is not supported grouped")

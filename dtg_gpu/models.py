@@ -51,7 +51,7 @@ class LeNet5(nn.Module):
         return self.classifier(self.features(x))
 
 
-_VGG_CFG = {
+_VGG_CFG: dict[int, list[int | str]] = {
     11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     13: [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
@@ -81,7 +81,7 @@ class VGG(nn.Module):
             if v == "M":
                 layers.append(nn.MaxPool2d(2))
                 continue
-            out = max(1, int(round(v * width)))
+            out = max(1, int(round(int(v) * width)))
             layers.append(nn.Conv2d(c, out, 3, padding=1))
             if batch_norm:
                 layers.append(nn.BatchNorm2d(out))
@@ -102,7 +102,8 @@ class VGG(nn.Module):
         for m in self.features:  # torchvision's VGG init: without batch norm the default
             if isinstance(m, nn.Conv2d):  # init vanishes through 8+ layers and nothing trains
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

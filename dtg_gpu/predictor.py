@@ -55,7 +55,7 @@ def _threshold_value(acc: np.ndarray, threshold: float | str) -> float:
         raise ValueError(f"threshold must be a number or 'median', got {threshold!r}") from None
 
 
-def label_runs(accuracies: Sequence[float], threshold: float | str = "median") -> np.ndarray:
+def label_runs(accuracies: Sequence[float] | np.ndarray, threshold: float | str = "median") -> np.ndarray:
     r"""Label runs sufficient (1) when final accuracy ≥ threshold, else insufficient (0).
 
     Parameters
@@ -102,9 +102,9 @@ def split_runs(y: Sequence[int], test_size: float = 0.1, seed: int = 0) -> tuple
 
     Returns the train and test indices.
     """
-    y = np.asarray(y)
+    labels = np.asarray(y)
     sss = StratifiedShuffleSplit(n_splits=1, test_size=test_size, random_state=seed)
-    train, test = next(sss.split(np.zeros((len(y), 1)), y))
+    train, test = next(sss.split(np.zeros((len(labels), 1)), labels))
     return train, test
 
 
@@ -364,9 +364,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         net = net.to(dev)
         xt = torch.as_tensor(self._scale(Xf), dtype=torch.float32, device=dev)
         yt = torch.as_tensor(yf, device=dev)
-        opt_cls = torch.optim.Adam if self.optimizer == "adam" else torch.optim.SGD
-        kw = {} if self.optimizer == "adam" else {"momentum": 0.9}
-        opt = opt_cls(net.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, **kw)
+        opt: torch.optim.Optimizer
+        if self.optimizer == "adam":
+            opt = torch.optim.Adam(net.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay)
+        else:
+            opt = torch.optim.SGD(net.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay, momentum=0.9)
         loss_fn = torch.nn.BCEWithLogitsLoss() if n_out == 1 else torch.nn.CrossEntropyLoss()
         n = xt.shape[0]
         bs = min(int(self.batch_size), n)
@@ -614,7 +616,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             clf.selected_ = np.arange(d)
         n_out = 1 if len(classes) == 2 else len(classes)
         widths = [int(clf.selected_.size), *clf.hidden_sizes, n_out]
-        shapes = {}
+        shapes: dict[str, tuple[int, ...]] = {}
         for i, (a, b) in enumerate(zip(widths, widths[1:])):
             shapes[f"network.{2 * i}.weight"], shapes[f"network.{2 * i}.bias"] = (b, a), (b,)
         for k, shape in shapes.items():

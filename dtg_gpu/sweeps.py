@@ -104,7 +104,7 @@ class SweepConfig:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
+    atomic_write(path, json.dumps(obj, indent=2))
 
 
 def _save_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
@@ -202,6 +202,7 @@ def train_run(
     torch.manual_seed(point["seed"])
     kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=point["dropout"], **cfg.model_kwargs)
     model = build_model(cfg.model, **kwargs).to(device)
+    opt: torch.optim.Optimizer
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=point["lr"], momentum=cfg.momentum)
     else:
@@ -246,7 +247,8 @@ def train_run(
             checkpoint(epoch)
     if not diverged and any(not torch.isfinite(p).all() for p in model.parameters()):
         diverged = True
-    test_acc, test_loss = _evaluate(model, *(t.to(device) for t in ds.test))
+    xte, yte = (t.to(device) for t in ds.test)
+    test_acc, test_loss = _evaluate(model, xte, yte)
     return _run_meta(cfg, folder.name, kwargs, point, checkpoints, test_acc, test_loss, diverged, time.time() - started)
 
 
@@ -343,13 +345,13 @@ def train_group(
             checkpoint(epoch)
     for v in params.values():
         diverged |= ~torch.isfinite(v.detach().reshape(m, -1)).all(1)
-    diverged = diverged.tolist()
+    diverged_of = diverged.tolist()
     test_acc, test_loss = evaluate(*(t.to(device) for t in ds.test))
     seconds = (time.time() - started) / m
     return [
         {
             **_run_meta(
-                cfg, folders[j].name, kwargs_of[j], pt, records[j], test_acc[j], test_loss[j], diverged[j], seconds
+                cfg, folders[j].name, kwargs_of[j], pt, records[j], test_acc[j], test_loss[j], diverged_of[j], seconds
             ),
             "trained_with": "grouped",
         }
@@ -492,7 +494,7 @@ def run_sweep(
     out = Path(out)
     grid = cfg.grid()
     names = [f"run-{i:04d}" for i in range(len(grid))]
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": "dtg_gpu.sweep/1",
         "config": asdict(cfg),
         "runs": names,

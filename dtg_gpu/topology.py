@@ -608,7 +608,8 @@ def _weight_program(gm: torch.fx.GraphModule, weight: torch.fx.Node, state: dict
         stack.extend(n.all_input_nodes)
     if weight.op == "get_attr":
         return ((weight.target,), None) if weight.target in state else None
-    graph, env, sources = torch.fx.Graph(), {}, []
+    graph, env = torch.fx.Graph(), {}
+    sources: list[str] = []
     for n in gm.graph.nodes:
         if n not in seen:
             continue

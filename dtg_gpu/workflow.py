@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class SweepFeatures:
     log_eigenvalue: torch.Tensor | None = None  # [runs, T] log lambda_1 (option beyond the method)
     layer_stats: torch.Tensor | None = None  # [runs, T, 5·L] per-layer statistics (option)
     failed: dict = field(default_factory=dict)  # run name -> why it could not be read or solved
-    usable: np.ndarray | None = None  # [runs] bool: False for runs in `failed`
+    usable: np.ndarray = None  # type: ignore[assignment]  # [runs] bool, False for runs in `failed` (all True if not given)
     layout: StatisticsLayout | None = None  # the columns of stats ⊕ layer_stats ⊕ log_eigenvalue
 
     def __post_init__(self) -> None:
@@ -69,8 +69,8 @@ class SweepFeatures:
         lay = self.layout_for(per_layer=per_layer, eigenvalue=eigenvalue)
         stats = lay.join(
             self.stats[:, :k],
-            self.layer_stats[:, :k] if per_layer else None,
-            self.log_eigenvalue[:, :k] if eigenvalue else None,
+            self.layer_stats[:, :k] if per_layer and self.layer_stats is not None else None,
+            self.log_eigenvalue[:, :k] if eigenvalue and self.log_eigenvalue is not None else None,
         )
         return temporal_features(stats, self.alpha).double().numpy()
 
@@ -120,7 +120,7 @@ def featurize_sweep(
     progress: bool = False,
     strict: bool = False,
     *,
-    executor: str = "local",
+    executor: Literal["local", "ray"] = "local",
     address: str | None = None,
     cache: Any = None,
     chunk_size: int | None = None,

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -472,7 +473,7 @@ def _predict_run(a) -> int:
             if a.strict:
                 raise
             bad[folder] = str(exc)
-    proba = clf.predict_runs(runs, device=a.device, strict=a.strict)[:, -1] if runs else []
+    proba: Any = clf.predict_runs(runs, device=a.device, strict=a.strict)[:, -1] if runs else []
     if not 0 <= a.min_probability <= 1:
         raise ValueError(f"--min-probability must be in [0, 1], got {a.min_probability}")
     for run, p in zip(runs, proba):

@@ -199,7 +199,7 @@ def trial_run(study, trial, model: torch.nn.Module):
     folder = checkpoint_folder(study)
     if folder is None:
         mem = _MEMORY.get((id(_backend(study._storage)), trial._trial_id), {})
-        ckpts = [mem[s] for s in steps if s in mem]
+        ckpts: list = [mem[s] for s in steps if s in mem]
     else:
         ckpts = [folder / f"trial-{trial.number:06d}" / f"step-{s:09d}.safetensors" for s in steps]
     return Run(

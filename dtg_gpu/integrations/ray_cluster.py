@@ -201,7 +201,8 @@ def solve_jobs(
     A task that raises (after Ray's retries for lost workers) marks its runs in ``failed``
     with the cause, or is raised with ``strict``."""
     with ray_session(address):
-        remote = ray.remote(max_retries=MAX_RETRIES, **task_resources(device))(_featurize_task)
+        options: dict[str, Any] = {"max_retries": MAX_RETRIES, **task_resources(device)}
+        remote = ray.remote(**options)(_featurize_task)
         models: dict[int, nn.Module] = {}
         pending: dict[Any, Job] = {}
         for job in jobs:
@@ -272,7 +273,8 @@ def train_batches(
     dev = None if device is None else torch.device(device)
     failures: dict[str, str] = {}
     with ray_session(address):
-        remote = ray.remote(max_retries=MAX_RETRIES, **task_resources(dev))(_train_task)
+        options: dict[str, Any] = {"max_retries": MAX_RETRIES, **task_resources(dev)}
+        remote = ray.remote(**options)(_train_task)
         ds_ref = ray.put(dataset) if dataset is not None else None
         pending = {
             remote.remote(
@@ -288,8 +290,9 @@ def train_batches(
         }
 
         def handle(batch: list, value: Any, error: BaseException | None) -> tuple[int, int]:
-            for name, _ in batch if error is not None else ():
-                failures[name] = _cause(error)
+            if error is not None:
+                for name, _ in batch:
+                    failures[name] = _cause(error)
             return len(batch), len(batch)
 
         _drain(pending, handle, _bar(progress, total or done + sum(map(len, batches)), "sweep (ray)", "run", done))

@@ -337,7 +337,7 @@ class DTGStopper(Stopper):
             return False
         name = result.get("checkpoint_dir_name")
         folder = self._folder(trial_id) if name else None
-        stop = self._dtg.observe(trial_id, {}, folder / name if folder is not None else None, result)
+        stop = self._dtg.observe(trial_id, {}, folder / name if folder is not None and name else None, result)
         if stop:
             self._dtg.stopped.add(trial_id)
             _mark_stopped(folder, trial_id)

@@ -30,7 +30,7 @@ def reference_adjacency(topology: ChannelTopology, state: Mapping[str, torch.Ten
     n = topology.num_nodes
     rows, cols, vals = [], [], []
     for layer in topology.layers:
-        w = layer.effective_weight(state).detach().cpu().double().numpy()
+        w = layer.effective_weight(dict(state)).detach().cpu().double().numpy()
         out, cin = layer.block_shape
         norms = _layer_norms(w, layer.kind, out, cin, layer.spatial)
         opg = out // layer.groups
@@ -40,9 +40,13 @@ def reference_adjacency(topology: ChannelTopology, state: Mapping[str, torch.Ten
             u = o_nodes[i]
             v = i_nodes[g * cin : (g + 1) * cin]
             # an undirected edge u - v: store both triangles, a self-loop once
-            rows.append(np.full(cin, u)), cols.append(v), vals.append(norms[i])
+            rows.append(np.full(cin, u))
+            cols.append(v)
+            vals.append(norms[i])
             off = v != u
-            rows.append(v[off]), cols.append(np.full(int(off.sum()), u)), vals.append(norms[i][off])
+            rows.append(v[off])
+            cols.append(np.full(int(off.sum()), u))
+            vals.append(norms[i][off])
     a = sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
     return a.tocsr()  # duplicates (parallel edges) are summed
 
