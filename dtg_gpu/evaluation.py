@@ -22,7 +22,8 @@ from sklearn.metrics import (
     roc_auc_score,
     roc_curve,
 )
-from sklearn.model_selection import StratifiedShuffleSplit
+
+from .predictor import split_runs
 
 __all__ = ["METRICS", "evaluate", "summarise"]
 
@@ -111,8 +112,7 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     # a sweep so small that 10 % is fewer test runs than classes (e.g. 10 runs) gets one per class
     split_size = test_size if np.ceil(test_size * y.size) >= classes.size else int(classes.size)
     for r in range(int(repeats)):
-        sss = StratifiedShuffleSplit(n_splits=1, test_size=split_size, random_state=seed + r)
-        train, test = next(sss.split(X, y))
+        train, test = split_runs(y, test_size=split_size, seed=seed + r)
         model = clone(clf)
         if "random_state" in model.get_params():
             model.set_params(random_state=seed + r)

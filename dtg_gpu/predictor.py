@@ -97,7 +97,7 @@ def label_runs(accuracies: Sequence[float] | np.ndarray, threshold: float | str 
     return labels
 
 
-def split_runs(y: Sequence[int], test_size: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def split_runs(y: Sequence[int] | np.ndarray, test_size: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Stratified, seeded split: ``test_size`` of each class for testing (the method: 90/10).
 
     Returns the train and test indices.
@@ -268,6 +268,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     def __init__(
         self,
+        *,
         hidden_sizes: Sequence[int] = (32,),
         epochs: int = 300,
         batch_size: int = 32,

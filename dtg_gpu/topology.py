@@ -213,26 +213,27 @@ class ChannelTopology:
 
     @cached_property
     def num_structural_components(self) -> int:
-        """Connected components of the graph when every weight slice is non-zero."""
-        parent = np.arange(self.num_nodes)
+        """Connected components of the graph when every weight slice is non-zero.
 
-        def find(a: int) -> int:
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
+        Each group of a layer joins its output nodes and its input nodes: a star from the
+        group's first output node to the others is enough for connectivity
+        (``scipy.sparse.csgraph.connected_components``)."""
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
 
+        rows, cols = [], []
         for layer in self.layers:
             out, cin = layer.block_shape
             opg = out // layer.groups
             for g in range(layer.groups):
-                members = torch.cat(
-                    [layer.out_nodes[g * opg : (g + 1) * opg], layer.in_nodes[g * cin : (g + 1) * cin]]
-                ).tolist()
-                root = find(members[0])
-                for m in members[1:]:
-                    parent[find(m)] = root
-        return len({find(a) for a in range(self.num_nodes)})
+                members = torch.cat([layer.out_nodes[g * opg : (g + 1) * opg], layer.in_nodes[g * cin : (g + 1) * cin]])
+                rows.append(np.full(len(members), int(members[0])))
+                cols.append(members.numpy())
+        n = self.num_nodes
+        r = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+        graph = coo_matrix((np.ones(len(r)), (r, c)), shape=(n, n))
+        return int(connected_components(graph, directed=False)[0])
 
     def structurally_connected(self) -> bool:
         """Whether the graph is connected when every weight slice is non-zero."""
