@@ -72,6 +72,12 @@ def _identity(path: Any, root: Path | None) -> list | None:
         name = p.relative_to(root).as_posix() if root is not None else p.as_posix()
     except ValueError:
         name = p.as_posix()
+    if p.is_dir():  # a Hugging Face checkpoint-N/ folder: its files (a rewrite leaves the folder's mtime)
+        try:
+            files = sorted(f for f in p.iterdir() if f.is_file())
+            return [name, [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]]
+        except OSError:
+            return None
     return [name, int(st.st_size), int(st.st_mtime_ns)]
 
 

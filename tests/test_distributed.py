@@ -302,3 +302,23 @@ def test_without_ray_installed_the_cli_says_how_to_get_it(copy_of, tmp_path, mon
     assert main(["featurize", str(path), "--out", str(tmp_path / "f.csv"), "--ray", "--no-cache"]) == 1
     assert "pip install 'dtg_gpu[ray]'" in capsys.readouterr().err
     assert not (tmp_path / "f.csv").exists()
+
+
+def test_cache_sees_a_rewritten_file_inside_a_hugging_face_checkpoint_folder(tmp_path):
+    import time as _time
+
+    from safetensors.torch import save_file
+
+    from dtg_gpu import Run
+    from dtg_gpu.feature_cache import unit_key
+    from dtg_gpu.models import LeNet5
+
+    net = LeNet5()
+    for n in (1, 2):
+        (tmp_path / f"checkpoint-{n}").mkdir()
+        save_file(net.state_dict(), str(tmp_path / f"checkpoint-{n}" / "model.safetensors"))
+    run = Run.from_dir(tmp_path, model=net)
+    before = unit_key([run], 2, 2, {}, "sig", tmp_path)
+    _time.sleep(0.01)
+    save_file({k: v + 1 for k, v in net.state_dict().items()}, str(tmp_path / "checkpoint-2" / "model.safetensors"))
+    assert unit_key([run], 2, 2, {}, "sig", tmp_path) != before
