@@ -51,6 +51,8 @@ from .topology import (
     _describe,
     _Tracer,
     _Val,
+    encoder_layers,
+    packed_qkv,
 )
 
 __all__ = ["trace_with_shapes"]
@@ -559,26 +561,8 @@ class _IdInterpreter(torch.fx.Interpreter):
         if val is None or val.flat:
             raise TopologyError(f"{_describe(n)}: its input does not carry one channel per feature")
         w_qkv, w_proj = self.state[qkv], self.state[proj]
-        d = w_qkv.shape[1]
-        from .topology import _Rows
-
         base = qkv[: -len(".weight")] if qkv.endswith(".weight") else qkv
-        blocks = [
-            self.builder.add(
-                f"{base}.{part}",
-                f"{qkv}[{part}]",
-                "linear",
-                (d, d),
-                d,
-                d,
-                1,
-                val,
-                (qkv,),
-                (tuple(w_qkv.shape),),
-                _Rows(j * d, (j + 1) * d),
-            )
-            for j, part in enumerate("qkv")
-        ]
+        blocks = packed_qkv(self.builder, base, qkv, tuple(w_qkv.shape), (val, val, val))
         pname = proj[: -len(".weight")] if proj.endswith(".weight") else proj
         out = self.builder.add(
             pname, proj, "linear", tuple(w_proj.shape), w_proj.shape[1], w_proj.shape[0], 1, _Val(blocks[2].cell)
@@ -586,26 +570,11 @@ class _IdInterpreter(torch.fx.Interpreter):
         return _broadcast(out.cell.ids, result.shape, -1)
 
     def _encoder(self, n: torch.fx.Node, mod: nn.Module, result):
-        from .topology import _merge as merge_vals
-
         a = n.args[0] if n.args else n.kwargs.get("src")
         x, _ = self._input_val(n, self._with_ids(a), -1, str(n.target))
         if x is None or x.flat:
             raise TopologyError(f"{type(mod).__name__} {n.target!r}: its input does not carry one channel per feature")
-        prefix = f"{n.target}." if n.target else ""
-        layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
-        names = (
-            [f"{prefix}layers.{i}" for i in range(len(layers))]
-            if isinstance(mod, nn.TransformerEncoder)
-            else [n.target]
-        )
-        for layer, lname in zip(layers, names):
-            p = f"{lname}." if lname else ""
-            attn = _attention_of(self.builder, f"{p}self_attn", layer.self_attn, x, x, x)
-            x = merge_vals(self.builder, [x, attn])
-            hidden = self.builder.add_layer(f"{p}linear1", layer.linear1, x, "linear")
-            x = merge_vals(self.builder, [x, self.builder.add_layer(f"{p}linear2", layer.linear2, hidden, "linear")])
-        return _broadcast(x.cell.ids, result.shape, -1)
+        return _broadcast(encoder_layers(self.builder, n.target, mod, x).cell.ids, result.shape, -1)
 
 
 class _Columns:

@@ -686,31 +686,54 @@ def _attention(
     return _Pieces([_attention_of(builder, name, mod, arg(0, "query"), arg(1, "key"), arg(2, "value")), None])
 
 
+def packed_qkv(builder: "_Builder", base: str, src: str, shape: tuple, inputs: Sequence["_Val"]) -> list["_Val"]:
+    """The q, k and v blocks (rows ``[0:d]``, ``[d:2d]``, ``[2d:3d]``) of a packed ``[3d, d]``
+    weight ``src`` as three weight layers ``base.q``/``.k``/``.v`` reading ``inputs``."""
+    d = shape[1]
+    return [
+        builder.add(
+            f"{base}.{part}",
+            f"{src}[{part}]",
+            "linear",
+            (d, d),
+            d,
+            d,
+            1,
+            v,
+            (src,),
+            (shape,),
+            _Rows(j * d, (j + 1) * d),
+        )
+        for j, (part, v) in enumerate(zip("qkv", inputs))
+    ]
+
+
+def encoder_layers(builder: "_Builder", name: str, mod: nn.Module, x: "_Val") -> "_Val":
+    """``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer`` on the residual stream
+    ``x``: per layer, self-attention (:func:`_attention_of`) and the feed-forward ``linear1``
+    → ``linear2``, each added to the stream (the same nodes, as the method's residual
+    addition); norms keep the channels. Returns the stream."""
+    prefix = f"{name}." if name else ""
+    layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
+    names = [f"{prefix}layers.{i}" for i in range(len(layers))] if isinstance(mod, nn.TransformerEncoder) else [name]
+    for layer, lname in zip(layers, names):
+        p = f"{lname}." if lname else ""
+        attn = _attention_of(builder, f"{p}self_attn", layer.self_attn, x, x, x)
+        x = _merge(builder, [x, attn])
+        hidden = builder.add_layer(f"{p}linear1", layer.linear1, x, "linear")
+        x = _merge(builder, [x, builder.add_layer(f"{p}linear2", layer.linear2, hidden, "linear")])
+    return x
+
+
 def _attention_of(
     builder: "_Builder", name: str, mod: nn.MultiheadAttention, query: "_Val", key: "_Val", value: "_Val"
 ) -> "_Val":
     """The layers of one ``nn.MultiheadAttention`` (see :func:`_attention`); its output value."""
-    d, prefix = mod.embed_dim, f"{name}." if name else ""
+    prefix = f"{name}." if name else ""
     if mod.in_proj_weight is not None:
-        src = f"{prefix}in_proj_weight"
-        shape = tuple(mod.in_proj_weight.shape)
-        blocks = []
-        for j, (part, v) in enumerate((("q", query), ("k", key), ("v", value))):
-            blocks.append(
-                builder.add(
-                    f"{prefix}in_proj.{part}",
-                    f"{src}[{part}]",
-                    "linear",
-                    (d, d),
-                    d,
-                    d,
-                    1,
-                    v,
-                    (src,),
-                    (shape,),
-                    _Rows(j * d, (j + 1) * d),
-                )
-            )
+        blocks = packed_qkv(
+            builder, f"{prefix}in_proj", f"{prefix}in_proj_weight", tuple(mod.in_proj_weight.shape), (query, key, value)
+        )
     else:
         blocks = [
             builder.add(
@@ -733,23 +756,12 @@ def _attention_of(
 
 
 def _encoder(builder: "_Builder", name: str, mod: nn.Module, node: torch.fx.Node, vals: dict) -> "_Val":
-    """``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer``: per layer, self-attention
-    (:func:`_attention`) and the feed-forward ``linear1`` → ``linear2``, each added to the
-    residual stream (the same nodes, as the method's residual addition); norms keep the channels."""
+    """:func:`encoder_layers` on the module's input value."""
     a = node.args[0] if node.args else node.kwargs.get("src")
     x = vals.get(a) if isinstance(a, torch.fx.Node) else None
     if not isinstance(x, _Val):
         raise TopologyError(f"{type(mod).__name__} {name!r}: its input carries no channels that dtg_gpu can follow")
-    prefix = f"{name}." if name else ""
-    layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
-    names = [f"{prefix}layers.{i}" for i in range(len(layers))] if isinstance(mod, nn.TransformerEncoder) else [name]
-    for layer, lname in zip(layers, names):
-        p = f"{lname}." if lname else ""
-        attn = _attention_of(builder, f"{p}self_attn", layer.self_attn, x, x, x)
-        x = _merge(builder, [x, attn])
-        hidden = builder.add_layer(f"{p}linear1", layer.linear1, x, "linear")
-        x = _merge(builder, [x, builder.add_layer(f"{p}linear2", layer.linear2, hidden, "linear")])
-    return x
+    return encoder_layers(builder, name, mod, x)
 
 
 def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = frozenset()) -> tuple:
