@@ -166,3 +166,38 @@ def test_checkpoint_weights_finds_the_file_and_names_problems(tmp_path):
         checkpoint_weights(tmp_path, "../x.safetensors")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         DTGScheduler(model=None)
+
+
+def restartable(config):
+    """``trainable`` on ``config["cfg"]``; the one marked ``crash`` dies before its first report
+    the first time it runs (a lost node), as in an interrupted experiment."""
+    cfg = config["cfg"]
+    marker = Path(config["marker"])
+    if cfg.get("crash") and not marker.exists():
+        marker.write_text("crashed once")
+        raise RuntimeError("node lost")
+    trainable({k: v for k, v in cfg.items() if k != "crash"})
+
+
+def test_tuner_restore_end_to_end_rebuilds_the_rule_and_stops_the_restarted_trial(local_ray, tmp_path):
+    configs = [dict(c) for c in CONFIGS if (c["kind"], c["seed"]) != ("good", 7)]
+    for c in configs:
+        c["crash"] = (c["kind"], c["seed"]) == ("bad", 7)
+    sched = DTGScheduler(model=_net(), n_startup_trials=6, min_probability=0.3, patience=2, use_values=False)
+    space = {"cfg": tune.grid_search(configs), "marker": str(tmp_path / "crashed")}
+    tuner = tune.Tuner(
+        restartable,
+        param_space=space,
+        tune_config=tune.TuneConfig(metric="acc", mode="max", scheduler=sched, max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="exp", verbose=0),
+    )
+    first = tuner.fit()
+    assert first.num_errors == 1  # the crashed trial; the others ran to their end (or were stopped)
+    # a new driver: Tune restores the experiment (its scheduler starts empty) and reruns the errored trial
+    restored = tune.Tuner.restore(str(tmp_path / "exp"), trainable=restartable, restart_errored=True)
+    results = restored.fit()
+    assert results.num_errors == 0
+    by = {(r.config["cfg"]["kind"], r.config["cfg"]["seed"]): r for r in results}
+    assert by[("bad", 7)].metrics["training_iteration"] < 5  # stopped by what the restored trials taught
+    assert (Path(by[("bad", 7)].path) / "dtg-stopped.json").is_file()
+    assert all(by[("good", i)].metrics["training_iteration"] == 5 for i in range(3))
