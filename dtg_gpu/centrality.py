@@ -391,6 +391,7 @@ def eigenvector_centrality(
     max_iter: int = 1000,
     method: Method = "auto",
     dtype: torch.dtype | None = None,
+    validate_args: bool = True,
 ) -> tuple[torch.Tensor, EigenResult]:
     r"""Eigenvector centrality of one graph or a batch of PyG graphs (general sparse kernel).
 
@@ -416,6 +417,11 @@ def eigenvector_centrality(
         As in :func:`solve_perron`.
     dtype : torch.dtype, optional
         Compute dtype (default: ``edge_weight``'s floating dtype, else float32).
+    validate_args : bool, default True
+        Check the values of the input (node ids in range, weights finite and non-negative,
+        ``A`` symmetric, ``batch`` sorted, no empty graph, no edge between graphs). Each check
+        reads the device (about ten host syncs a call); ``False`` skips them for inputs known
+        to be valid (as ``torch.distributions``' ``validate_args``). Shapes are always checked.
 
     Returns
     -------
@@ -456,18 +462,18 @@ def eigenvector_centrality(
         num_nodes = batch.numel() if batch is not None else (int(edge_index.max()) + 1 if e else 0)
     if num_nodes <= 0:
         raise ValueError("the graph has no nodes: centrality is undefined")
-    if e and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+    if validate_args and e and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
         raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
     if not edge_weight.is_floating_point():
         edge_weight = edge_weight.to(dtype)
-    if bool((edge_weight < 0).any()) or not bool(torch.isfinite(edge_weight).all()):
+    if validate_args and (bool((edge_weight < 0).any()) or not bool(torch.isfinite(edge_weight).all())):
         raise ValueError("edge_weight must be finite and non-negative")
     wide = torch.promote_types(edge_weight.dtype, dtype)
     ei, ew = coalesce(edge_index.long(), edge_weight.to(wide), num_nodes=num_nodes, reduce="sum")
     if not bool(torch.isfinite(ew).all()):  # parallel entries summed past float32's range
         ei, ew = coalesce(edge_index.long(), edge_weight.double(), num_nodes=num_nodes, reduce="sum")
-    et, wt = coalesce(ei.flip(0), ew, num_nodes=num_nodes, reduce="sum")
-    if not (torch.equal(ei, et) and torch.allclose(ew, wt, rtol=1e-5, atol=0.0)):
+    et, wt = coalesce(ei.flip(0), ew, num_nodes=num_nodes, reduce="sum") if validate_args else (ei, ew)
+    if validate_args and not (torch.equal(ei, et) and torch.allclose(ew, wt, rtol=1e-5, atol=0.0)):
         raise ValueError(
             "the adjacency is not symmetric: list both directions of every "
             "undirected edge (torch_geometric.utils.to_undirected)"
@@ -477,13 +483,13 @@ def eigenvector_centrality(
         num_graphs = 1
     if batch.shape != (num_nodes,):
         raise ValueError(f"batch must have shape [{num_nodes}], got {list(batch.shape)}")
-    if num_nodes > 1 and bool((batch.diff() < 0).any()):
+    if validate_args and num_nodes > 1 and bool((batch.diff() < 0).any()):
         raise ValueError("batch must be sorted (nodes of each graph contiguous), as in PyG")
     num_graphs = int(batch.max()) + 1 if num_graphs is None else num_graphs
     counts = torch.bincount(batch, minlength=num_graphs)
-    if bool((counts == 0).any()):
+    if validate_args and bool((counts == 0).any()):
         raise ValueError("some graph of the batch has no nodes")
-    if e and bool((batch[ei[0]] != batch[ei[1]]).any()):
+    if validate_args and e and bool((batch[ei[0]] != batch[ei[1]]).any()):
         raise ValueError("an edge joins nodes of two different graphs of the batch")
     ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     width = int(counts.max())

@@ -125,3 +125,20 @@ def test_bad_input_errors():
         eigenvector_centrality(torch.tensor([[0, 1], [1, 0]]), None, 2, method="magic")
     with pytest.raises(ValueError, match="two different graphs"):
         eigenvector_centrality(torch.tensor([[0, 1], [1, 0]]), None, 2, torch.tensor([0, 1]))
+
+
+def test_validate_args_false_skips_the_value_checks_not_the_answer(device):
+    graphs = [_random_graph(s, n=15 + 5 * s) for s in range(3)]
+    batch = Batch.from_data_list(
+        [Data(edge_index=_pyg(g)[0], edge_weight=_pyg(g)[1], num_nodes=g.number_of_nodes()) for g in graphs]
+    )
+    args = (batch.edge_index.to(device), batch.edge_weight.to(device), batch.num_nodes, batch.batch.to(device))
+    checked, _ = eigenvector_centrality(*args, num_graphs=3, tol=1e-12, dtype=torch.float64)
+    fast, _ = eigenvector_centrality(*args, num_graphs=3, tol=1e-12, dtype=torch.float64, validate_args=False)
+    assert torch.equal(checked, fast)
+    one_way = torch.tensor([[0, 1], [1, 2]], device=device)  # not symmetric
+    with pytest.raises(ValueError, match="not symmetric"):
+        eigenvector_centrality(one_way, num_nodes=3)
+    eigenvector_centrality(one_way, num_nodes=3, validate_args=False)  # the caller vouched for it
+    with pytest.raises(ValueError, match="shape"):  # shapes are always checked
+        eigenvector_centrality(one_way[0], num_nodes=3, validate_args=False)
