@@ -190,6 +190,25 @@ def is_diverged(records: Sequence[Mapping[str, Any]]) -> bool:
     return bool(records) and not _finite_record(records[-1])
 
 
+# the parameters of StoppingRule that every front end (Optuna, Ray Tune) exposes by keyword
+RULE_PARAMS = (
+    "predictor",
+    "min_probability",
+    "patience",
+    "n_startup_trials",
+    "n_warmup_steps",
+    "threshold",
+    "features",
+    "use_values",
+    "alpha",
+)
+
+
+def rule_params(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`RULE_PARAMS` of a front end's ``__init__`` (its ``locals()``)."""
+    return {k: scope[k] for k in RULE_PARAMS}
+
+
 @dataclass
 class StoppingRule:
     r"""Stop a run when :math:`P(\text{sufficient})` stays below ``min_probability``.

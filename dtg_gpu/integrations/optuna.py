@@ -48,7 +48,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
-from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
+from ..early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records", "trial_run"]
 
@@ -265,17 +265,7 @@ class DTGPruner(optuna.pruners.BasePruner):
         use_values: Any = "auto",
         alpha: float = 0.5,
     ) -> None:
-        self._params = dict(
-            predictor=predictor,
-            min_probability=min_probability,
-            patience=patience,
-            n_startup_trials=n_startup_trials,
-            n_warmup_steps=n_warmup_steps,
-            threshold=threshold,
-            features=features,
-            use_values=use_values,
-            alpha=alpha,
-        )
+        self._params = rule_params(locals())
         self._rules: dict[str, StoppingRule] = {}
         self._rule("maximize")  # validates the parameters now, not at the first prune
 

@@ -49,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
 
-from ..early_stopping import StoppingRule, checkpoint_record, is_diverged
+from ..early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
 
@@ -212,17 +212,7 @@ class DTGScheduler(FIFOScheduler):
             metric,
             mode,
             checkpoint_file,
-            dict(
-                predictor=predictor,
-                min_probability=min_probability,
-                patience=patience,
-                n_startup_trials=n_startup_trials,
-                n_warmup_steps=n_warmup_steps,
-                threshold=threshold,
-                features=features,
-                use_values=use_values,
-                alpha=alpha,
-            ),
+            rule_params(locals()),
         )
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
@@ -314,17 +304,7 @@ class DTGStopper(Stopper):
             metric,
             mode,
             checkpoint_file,
-            dict(
-                predictor=predictor,
-                min_probability=min_probability,
-                patience=patience,
-                n_startup_trials=n_startup_trials,
-                n_warmup_steps=n_warmup_steps,
-                threshold=threshold,
-                features=features,
-                use_values=use_values,
-                alpha=alpha,
-            ),
+            rule_params(locals()),
         )
 
     def _folder(self, trial_id: str) -> Path | None:
