@@ -2,6 +2,7 @@ r"""``analyze`` one run and ``featurize`` many: the public face of steps 2–4."
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -137,6 +138,8 @@ def analyze(
     max_iter: int = 1000,
     method: Method = "auto",
     chunk_size: int | None = None,
+    *,
+    fold_batchnorm: bool = False,
 ) -> AnalysisResult:
     r"""Centrality, statistics and temporal features of every checkpoint of one run.
 
@@ -157,6 +160,10 @@ def analyze(
     method : {"auto", "lanczos", "networkx"}
     chunk_size : int, optional
         Timesteps solved together; by default sized to a 1 GiB working set.
+    fold_batchnorm : bool, default False
+        **Option beyond the method.** Edges from the inference-time weights of layers
+        followed by batch norm, :math:`\gamma/\sqrt{\sigma^2+\varepsilon}\cdot W` per output
+        channel (:meth:`~dtg_gpu.topology.ChannelTopology.fold_batchnorm`).
 
     Returns
     -------
@@ -188,7 +195,7 @@ def analyze(
     alpha = check_alpha(alpha)
     _check_common(tol, max_iter, method)
     dev = resolve_device(device)
-    topo = run.topology
+    topo = run.topology.folded if fold_batchnorm else run.topology
     out = solve_timesteps(
         [(run, t) for t in range(len(run))],
         topo,
@@ -223,6 +230,7 @@ def analyze(
             method=method,
             dtype=str(dtype),
             device=str(dev),
+            fold_batchnorm=bool(fold_batchnorm),
         ),
     )
 
@@ -242,6 +250,9 @@ def featurize(
     eigenvalue: bool = False,
     per_layer: bool = False,
     strict: bool = False,
+    *,
+    fold_batchnorm: bool = False,
+    covariates: Sequence[str] = (),
 ):
     r"""Temporal features of many runs: ``[len(runs), 5·k]``.
 
@@ -277,10 +288,18 @@ def featurize(
         cannot be read gets a NaN row, and one :class:`~dtg_gpu.exceptions.FailedRunsWarning`
         names every such run with its file and cause (``warning.failures``); the rest of the
         sweep is computed. ``True``: the first such error is raised.
+    fold_batchnorm : bool, default False
+        **Option beyond the method.** Edges from the inference-time weights of layers
+        followed by batch norm (:meth:`~dtg_gpu.topology.ChannelTopology.fold_batchnorm`).
+    covariates : sequence of str, default ()
+        **Option beyond the method.** Hyper-parameters of each run, read from its
+        ``meta`` (``run.json``), appended after the temporal features in this order
+        (:func:`covariate_matrix`: learning rates and weight decay as ``log10``). A run
+        without one of them is a failed run (NaN row, named in the warning).
 
     Returns
     -------
-    Tensor ``[len(runs), 5·k]`` (and the statistics with ``return_stats``). A run with
+    Tensor ``[len(runs), 5·k + len(covariates)]`` (and the statistics with ``return_stats``). A run with
     non-finite weights in its first ``k`` checkpoints has NaN features from that timestep
     on; a run that failed (see ``strict``) has a NaN row.
 
@@ -307,6 +326,8 @@ def featurize(
         eigenvalue=eigenvalue,
         per_layer=per_layer,
         strict=strict,
+        fold_batchnorm=fold_batchnorm,
+        covariates=covariates,
     )
     warn_failures(failures, stacklevel=3)
     return (feats, stats) if return_stats else feats
@@ -344,6 +365,8 @@ def featurize_with_failures(
     executor: Literal["local", "ray"] = "local",
     address: str | None = None,
     cache: Any = False,
+    fold_batchnorm: bool = False,
+    covariates: Sequence[str] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
     """:func:`featurize`'s work: ``(features, statistics, failures)`` where ``failures`` maps
     the name of each run that could not be read or traced to the reason (its row is NaN).
@@ -379,11 +402,19 @@ def featurize_with_failures(
         dev = resolve_device(device)
     failures: dict[str, str] = {}
     failed_rows: list[int] = []
+    cov, missing = covariate_matrix(runs, covariates)
+    for i, reason in missing.items():
+        if strict:
+            raise ValueError(reason)
+        failures[_unique_name(runs[i], i, failures)] = reason
+        failed_rows.append(i)
     groups: dict[int, list[int]] = {}
     topos: dict[int, ChannelTopology] = {}
     for i, run in enumerate(runs):
+        if i in missing:
+            continue
         try:
-            topo = run.topology
+            topo = run.topology.folded if fold_batchnorm else run.topology
         except READ_ERRORS as exc:
             if strict:
                 raise
@@ -405,6 +436,7 @@ def featurize_with_failures(
         method=method,
         per_layer=per_layer,
         eigenvalue=eigenvalue,
+        fold_batchnorm=bool(fold_batchnorm),
     )
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
@@ -425,7 +457,62 @@ def featurize_with_failures(
         failed_rows.append(i)
     if failed_rows:
         stats[failed_rows] = float("nan")
-    return temporal_features(stats, alpha), stats, failures
+    feats = temporal_features(stats, alpha)
+    if covariates:
+        cov[failed_rows] = float("nan")
+        feats = torch.cat([feats, cov.to(feats.dtype)], 1)
+    return feats, stats, failures
+
+
+#: covariates taken as log10: rates that span decades
+LOG_COVARIATES = ("lr", "learning_rate", "weight_decay", "wd")
+
+
+def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.Tensor, dict[int, str]]:
+    r"""The known hyper-parameters of each run: ``[len(runs), len(names)]`` (float64).
+
+    Each name is looked up in ``run.meta`` (a sweep's ``run.json``). Names in
+    :data:`LOG_COVARIATES` (learning rate, weight decay: rates that span decades) are taken as
+    :math:`\log_{10}` (``weight_decay = 0`` as ``-10``); others as they are (dropout, momentum,
+    batch size, seed).
+
+    Returns
+    -------
+    (Tensor, dict)
+        The matrix, NaN where a value is missing or not a finite number, and per such row the
+        reason (it names the run and the field).
+
+    Raises
+    ------
+    ValueError
+        ``names`` is not a sequence of strings, or no run has one of them.
+    """
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"covariates must be a list of run.json field names, got {names!r}")
+    out = torch.full((len(runs), len(names)), float("nan"), dtype=torch.float64)
+    missing: dict[int, str] = {}
+    for j, name in enumerate(names):
+        found = False
+        for i, run in enumerate(runs):
+            v = run.meta.get(name) if isinstance(run.meta, dict) else None
+            x = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+            if name in LOG_COVARIATES:
+                x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
+            if math.isfinite(x):
+                out[i, j] = x
+                found = True
+            elif i not in missing:
+                missing[i] = f"covariate {name!r}: run.json of run {run.name!r} has no finite number for it ({v!r})"
+        if not found:
+            raise ValueError(
+                f"covariate {name!r} is in no run's run.json"
+                + (
+                    f" (fields: {', '.join(sorted(runs[0].meta)[:12])})"
+                    if runs and isinstance(runs[0].meta, dict)
+                    else ""
+                )
+            )
+    return out, missing
 
 
 def _unique_name(run: Run, i: int, taken: dict) -> str:

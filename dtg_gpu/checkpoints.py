@@ -600,13 +600,15 @@ class Run:
         c = self.checkpoints[t]
         return str(c) if not isinstance(c, Mapping) else f"run {self.name!r} checkpoint {t}"
 
-    def weights(self, t: int) -> dict[str, torch.Tensor]:
+    def weights(self, t: int, topology: ChannelTopology | None = None) -> dict[str, torch.Tensor]:
         """The graph's weight tensors of checkpoint ``t``, validated against the model.
 
         Keyed by each layer's ``param``; a weight computed in the forward pass (weight
-        standardisation, LoRA's ``W + B·A``) is the *effective* weight, computed from the
-        checkpoint's tensors by the traced computation."""
-        topo = self.topology
+        standardisation, LoRA's ``W + B·A``, batch norm folded in) is the *effective* weight,
+        computed from the checkpoint's tensors by the traced computation. ``topology``:
+        another layout of this run's model (:meth:`ChannelTopology.fold_batchnorm`); default
+        :attr:`topology`."""
+        topo = self.topology if topology is None else topology
         shapes = topo.source_params
         label = self.label(t)
         w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix, aliases=self.tied)

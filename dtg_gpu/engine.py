@@ -370,7 +370,7 @@ def _read_weights(chunk, topology: ChannelTopology) -> tuple[list, list]:
     errors: list[str | None] = []
     for run, t in chunk:
         try:
-            weights.append(run.weights(t))
+            weights.append(run.weights(t, topology))
             errors.append(None)
         except READ_ERRORS as exc:
             nan = torch.tensor(float("nan"))

@@ -44,9 +44,12 @@ class SolveSettings:
     method: Method
     per_layer: bool
     eigenvalue: bool
+    fold_batchnorm: bool = False
 
     def key(self) -> dict[str, Any]:
+        folded = {"fold_batchnorm": True} if self.fold_batchnorm else {}  # absent: keys of older caches hold
         return {
+            **folded,
             "dtype": str(self.dtype),
             "tol": float(self.tol),
             "max_iter": int(self.max_iter),
@@ -119,6 +122,8 @@ def solve_unit(
 ) -> UnitResult:
     """Solve one unit (its runs' first ``k`` checkpoints) as the plan says: what a Ray task runs."""
     topo = topology or runs[0].topology
+    if s.fold_batchnorm:
+        topo = topo.folded  # a Ray task traces the architecture again: fold it there too
     parts = list(
         iter_solve(
             _unit_chunks(runs, unit, s.k),

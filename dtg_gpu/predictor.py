@@ -240,6 +240,17 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         many features carry the signal (one convolution of LeNet-5) and hurts where it is
         spread over layers; the measurements are in
         ``benchmarks/results/prediction_selection.md``.
+    auto : bool, default False
+        **Option beyond the method.** Choose ``scaling`` (standard, quantile), ``select``
+        (all, 5, 10) and, when ``column_sets`` is given, the feature set, by stratified
+        ``auto_folds``-fold cross-validation (ROC AUC) *on the training data of* :meth:`fit`
+        only: nested inside any outer split, so a number measured on a held-out split stays
+        honest. Ties go to the earlier candidate (the method's settings come first). The
+        choice is in ``scaling_``, ``select_``, ``columns_`` and saved with the model.
+    column_sets : dict of str to list of int, optional
+        With ``auto``: candidate feature sets, each a list of column indices of ``X`` (e.g.
+        the DTG columns, the DTG and covariate columns); default: all columns.
+    auto_folds : int, default 3
 
     Attributes
     ----------
@@ -251,7 +262,13 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         Training quantiles (``scaling="quantile"``), ``n = min(1000, rows)``.
     selected_ : ndarray of int
         Indices of the features the MLP sees, in increasing order (all of them unless
-        ``select`` is set).
+        ``select`` is set), counted within :attr:`columns_`.
+    scaling_, select_ : the scaling and ``select`` used: the parameters, or ``auto``'s choice.
+    columns_ : ndarray of int
+        The columns of ``X`` the predictor reads (all, unless ``auto`` chose one of
+        ``column_sets``).
+    auto_scores_ : list of dict
+        With ``auto``: each candidate and its mean cross-validated ROC AUC, in the order tried.
     scores_ : ndarray ``[d]``
         Their F statistics on the scaled training data (``select`` set; 0 for a feature
         constant in the training data).
@@ -280,6 +297,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         feature_settings: dict | None = None,
         scaling: str = "standard",
         select: int | None = None,
+        auto: bool = False,
+        column_sets: dict | None = None,
+        auto_folds: int = 3,
     ):
         self.hidden_sizes = hidden_sizes
         self.epochs = epochs
@@ -292,6 +312,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         self.feature_settings = feature_settings
         self.scaling = scaling
         self.select = select
+        self.auto = auto
+        self.column_sets = column_sets
+        self.auto_folds = auto_folds
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -321,9 +344,29 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate!r}")
         if any(int(h) < 1 for h in self.hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive, got {self.hidden_sizes!r}")
+        if (
+            isinstance(self.auto_folds, bool)
+            or not isinstance(self.auto_folds, (int, np.integer))
+            or self.auto_folds < 2
+        ):
+            raise ValueError(f"auto_folds must be an integer >= 2, got {self.auto_folds!r}")
+        if self.column_sets is not None:
+            if not isinstance(self.column_sets, dict) or not self.column_sets:
+                raise ValueError("column_sets must be a non-empty dict of name -> list of column indices")
+            for name, cols in self.column_sets.items():
+                if (
+                    isinstance(cols, (str, bytes))
+                    or not len(cols)
+                    or not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in cols)
+                ):
+                    raise ValueError(f"column_sets[{name!r}] must be a non-empty list of column indices, got {cols!r}")
 
     def fit(self, X, y) -> "PerformancePredictor":
-        """Fit on features ``X [runs, d]`` and labels ``y [runs]``; returns ``self``."""
+        """Fit on features ``X [runs, d]`` and labels ``y [runs]``; returns ``self``.
+
+        The steps: validate and encode the labels; with ``auto``, choose the settings
+        (:meth:`_search`); scale and select on the finite training rows; train the MLP
+        (:meth:`_train`)."""
         self._check_params()
         X, y = validate_data(self, X, y, ensure_all_finite=False, dtype=np.float64)
         check_classification_targets(y)
@@ -337,24 +380,79 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         finite = np.isfinite(X).all(1)
         if not finite.any():
             raise ValueError("every training row has non-finite features (all runs diverged)")
-        Xf, yf = X[finite], y_enc[finite]
-        self.mean_ = Xf.mean(0)
-        scale = Xf.std(0)
-        self.scale_ = np.where(scale > 0, scale, 1.0)
-        if self.scaling == "quantile":
-            self.quantiles_ = training_quantiles(Xf)
-        self.selected_ = np.arange(X.shape[1])
-        if self.select is not None and self.select < X.shape[1]:
-            self.scores_ = np.where(scale > 0, _f_scores(self._scale_all(Xf), yf), 0.0)  # constant → 0
-            self.selected_ = np.sort(np.argsort(-self.scores_, kind="stable")[: int(self.select)])
+        columns = np.arange(X.shape[1])
+        if self.column_sets is not None:
+            bad = [n for n, c in self.column_sets.items() if max(c) >= X.shape[1]]
+            if bad:
+                raise ValueError(f"column_sets[{bad[0]!r}] names a column beyond X's {X.shape[1]}")
+        self.scaling_, self.select_, self.columns_ = self.scaling, self.select, columns
+        if self.auto:
+            self.scaling_, self.select_, self.columns_ = self._search(X[finite], y_enc[finite])
+        seed = self._seed()
+        self._prepare(X[finite][:, self.columns_], y_enc[finite])
+        self._train(X[finite][:, self.columns_], y_enc[finite], seed)
+        return self
+
+    def _seed(self) -> int:
         from sklearn.utils import check_random_state
 
         # an int seeds torch as given; None or a RandomState (scikit-learn's convention) draws one
-        seed = (
+        return (
             int(self.random_state)
             if isinstance(self.random_state, (int, np.integer))
             else int(check_random_state(self.random_state).randint(0, 2**31 - 1))
         )
+
+    def _search(self, X: np.ndarray, y: np.ndarray) -> tuple[str, int | None, np.ndarray]:
+        """``auto``: the (scaling, select, columns) with the best mean ROC AUC over stratified
+        folds of the training rows ``X`` (finite, encoded labels ``y``)."""
+        from sklearn.metrics import roc_auc_score
+        from sklearn.model_selection import StratifiedKFold
+
+        sets = {"all": list(range(X.shape[1]))} if self.column_sets is None else dict(self.column_sets)
+        folds = int(min(self.auto_folds, np.bincount(y).min()))
+        seed = self._seed()
+        candidates = [
+            (name, scaling, select)
+            for name in sets
+            for scaling in SCALINGS
+            for select in (None, 5, 10)
+            if select is None or select < len(sets[name])
+        ]
+        self.auto_scores_ = []
+        best, best_score = candidates[0], -np.inf
+        if folds >= 2 and len(candidates) > 1:
+            splits = list(StratifiedKFold(folds, shuffle=True, random_state=seed % (2**31)).split(X, y))
+            for name, scaling, select in candidates:
+                cols = np.asarray(sets[name], dtype=int)
+                scores = []
+                for train, test in splits:
+                    inner = PerformancePredictor(**{**self.get_params(), "auto": False, "column_sets": None})
+                    inner.set_params(scaling=scaling, select=select, random_state=seed)
+                    inner.fit(X[train][:, cols], y[train])
+                    p = inner.predict_proba(X[test][:, cols])[:, 1]
+                    scores.append(roc_auc_score(y[test], p) if np.unique(y[test]).size == 2 else 0.5)
+                score = float(np.mean(scores))
+                self.auto_scores_.append({"columns": name, "scaling": scaling, "select": select, "auc": score})
+                if score > best_score + 1e-12:
+                    best, best_score = (name, scaling, select), score
+        name, scaling, select = best
+        return scaling, select, np.asarray(sets[name], dtype=int)
+
+    def _prepare(self, Xf: np.ndarray, yf: np.ndarray) -> None:
+        """Scaling statistics and the selected features, from the finite training rows."""
+        self.mean_ = Xf.mean(0)
+        scale = Xf.std(0)
+        self.scale_ = np.where(scale > 0, scale, 1.0)
+        if self.scaling_ == "quantile":
+            self.quantiles_ = training_quantiles(Xf)
+        self.selected_ = np.arange(Xf.shape[1])
+        if self.select_ is not None and self.select_ < Xf.shape[1]:
+            self.scores_ = np.where(scale > 0, _f_scores(self._scale_all(Xf), yf), 0.0)  # constant → 0
+            self.selected_ = np.sort(np.argsort(-self.scores_, kind="stable")[: int(self.select_)])
+
+    def _train(self, Xf: np.ndarray, yf: np.ndarray, seed: int) -> None:
+        """The MLP on the scaled, selected rows (binary cross-entropy, seeded)."""
         gen = torch.Generator().manual_seed(seed)
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
@@ -388,15 +486,14 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         net.eval()
         self.network_ = net.cpu()
         self.loss_ = float(loss.detach())
-        return self
 
     def _scale_all(self, X: np.ndarray) -> np.ndarray:
-        if self.scaling == "quantile":
+        if self.scaling_ == "quantile":
             return quantile_normal(X, self.quantiles_)
         return (X - self.mean_) / self.scale_
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
-        """What the MLP sees: the scaled selected features."""
+        """What the MLP sees: the scaled selected features (``X``: the :attr:`columns_`)."""
         Z = self._scale_all(X)
         return Z if self.selected_.size == Z.shape[1] else Z[:, self.selected_]
 
@@ -404,7 +501,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities ``[runs, n_classes]``; non-finite rows are ``classes_[0]``."""
         check_is_fitted(self, "network_")
-        X = validate_data(self, X, reset=False, ensure_all_finite=False, dtype=np.float64)
+        X = validate_data(self, X, reset=False, ensure_all_finite=False, dtype=np.float64)[:, self.columns_]
         finite = np.isfinite(X).all(1)
         proba = np.zeros((X.shape[0], len(self.classes_)))
         proba[~finite, 0] = 1.0
@@ -445,6 +542,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             raise ValueError(f"this predictor's feature_settings.timesteps is not a positive integer: {k!r}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
             raise ValueError(f"this predictor's feature_settings.alpha is not in (0, 1]: {alpha!r}")
+        covariates = fs.get("covariates") or []
+        if not isinstance(covariates, list) or not all(isinstance(c, str) for c in covariates):
+            raise ValueError(f"this predictor's feature_settings.covariates is not a list of names: {covariates!r}")
         runs = list(runs)
         failures: dict[str, str] = {}
         arch = fs.get("architecture")
@@ -475,6 +575,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 eigenvalue=bool(fs.get("eigenvalue", False)),
                 per_layer=bool(fs.get("per_layer", False)),
                 strict=strict,
+                fold_batchnorm=bool(fs.get("fold_batchnorm", False)),
+                covariates=covariates,
             )
             failures.update(more)
             proba[todo_idx] = self.predict_proba(X.double().numpy())
@@ -491,10 +593,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         tensors = {f"network.{k}": v.detach().contiguous() for k, v in self.network_.state_dict().items()}
         tensors["mean"] = torch.as_tensor(self.mean_)
         tensors["scale"] = torch.as_tensor(self.scale_)
-        if self.scaling == "quantile":
+        if self.scaling_ == "quantile":
             tensors["quantiles"] = torch.as_tensor(self.quantiles_).contiguous()
-        if self.select is not None:
+        if self.select_ is not None:
             tensors["selected"] = torch.as_tensor(self.selected_, dtype=torch.int64)
+        if self.columns_.size != self.n_features_in_:
+            tensors["columns"] = torch.as_tensor(self.columns_, dtype=torch.int64)
         params = self.get_params()
         params["hidden_sizes"] = [int(h) for h in params["hidden_sizes"]]
         if not isinstance(params["random_state"], (int, type(None))):
@@ -504,6 +608,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             "params": params,
             "classes": self.classes_.tolist(),
             "n_features_in": int(self.n_features_in_),
+            "fitted": {"scaling": self.scaling_, "select": None if self.select_ is None else int(self.select_)},
         }
         from ._files import atomic_write
 
@@ -576,6 +681,33 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         d = meta.get("n_features_in")
         if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= 10_000_000:
             raise bad(f"n_features_in must be a positive integer, got {d!r}")
+        fitted = meta.get("fitted", {"scaling": clf.scaling, "select": clf.select})  # files before auto
+        if (
+            not isinstance(fitted, dict)
+            or fitted.get("scaling") not in SCALINGS
+            or not (
+                fitted.get("select") is None
+                or (
+                    isinstance(fitted["select"], int)
+                    and not isinstance(fitted["select"], bool)
+                    and fitted["select"] >= 1
+                )
+            )
+        ):
+            raise bad(f"fitted must hold a scaling among {SCALINGS} and select (null or a positive integer)")
+        clf.scaling_, clf.select_ = fitted["scaling"], fitted.get("select")
+        n_features = d
+        columns = tensors.get("columns")
+        if columns is not None:
+            if columns.dim() != 1 or columns.dtype != torch.int64 or not 1 <= columns.numel() <= d:
+                raise bad("'columns' must be an int64 vector of at most n_features_in indices")
+            c = columns.numpy()
+            if c.min() < 0 or c.max() >= d or (np.diff(c) == 0).any():
+                raise bad("'columns' must be distinct indices below n_features_in")
+            clf.columns_ = c
+            d = c.size
+        else:
+            clf.columns_ = np.arange(d)
 
         def vector(name: str, positive: bool = False) -> np.ndarray:
             t = tensors.get(name)
@@ -587,11 +719,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             return v
 
         clf.classes_ = np.array(classes)
-        clf.n_features_in_ = d
+        clf.n_features_in_ = n_features
         clf.mean_ = vector("mean")
         clf.scale_ = vector("scale", positive=True)
-        expected = {"mean", "scale"}
-        if clf.scaling == "quantile":
+        expected = {"mean", "scale"} | ({"columns"} if columns is not None else set())
+        if clf.scaling_ == "quantile":
             q = tensors.get("quantiles")
             if q is None or q.dim() != 2 or q.shape[1] != d or q.shape[0] < 1:
                 raise bad(f"a quantile-scaled predictor needs 'quantiles' of shape [n, {d}]")
@@ -601,12 +733,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             clf.quantiles_ = qn
             expected.add("quantiles")
         sel = tensors.get("selected")
-        if clf.select is not None:
+        if clf.select_ is not None:
             if sel is None or sel.dim() != 1 or sel.dtype != torch.int64:
-                raise bad(f"a predictor with select={clf.select} needs its 'selected' features (int64)")
+                raise bad(f"a predictor with select={clf.select_} needs its 'selected' features (int64)")
             s = sel.numpy()
             if (
-                s.size != min(int(clf.select), d)
+                s.size != min(int(clf.select_), d)
                 or (s.size and (s.min() < 0 or s.max() >= d))
                 or (np.diff(s) <= 0).any()
             ):

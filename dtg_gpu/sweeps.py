@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from .exceptions import CheckpointError, DTGWarning, SweepLockedError
 from .grouped import GroupedSequential, sequential_layers
 from .models import build_model
 
-__all__ = ["SweepConfig", "SweepRuns", "run_sweep", "load_sweep", "atomic_write", "tune_cpu_malloc"]
+__all__ = ["SweepConfig", "SweepRuns", "run_sweep", "load_sweep", "atomic_write", "tune_cpu_malloc", "PRESETS"]
 
 
 @dataclass
@@ -53,6 +53,7 @@ class SweepConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9
     model_kwargs: dict = field(default_factory=dict)
+    weight_decay: float = 0.0
 
     def validate(self) -> None:
         """Check every field before anything is written (a typo never touches the folder).
@@ -82,6 +83,8 @@ class SweepConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not (real(self.momentum) and 0 <= self.momentum < 1):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not (real(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a non-negative number, got {self.weight_decay!r}")
         if not isinstance(self.model_kwargs, dict):
             raise ValueError(f"model_kwargs must be a dict, got {type(self.model_kwargs).__name__}")
         if self.checkpoint_unit == "epoch" and self.checkpoint_every > self.epochs:
@@ -94,6 +97,19 @@ class SweepConfig:
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
 
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> "SweepConfig":
+        """A named sweep of the benchmark set (:data:`PRESETS`), with ``changes`` applied.
+
+        Raises
+        ------
+        ValueError
+            An unknown name (the message lists the presets).
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return replace(PRESETS[name], **changes)
+
     def grid(self) -> list[dict[str, Any]]:
         return [
             {"lr": float(lr), "dropout": float(d), "seed": s}
@@ -101,6 +117,41 @@ class SweepConfig:
             for d in self.dropouts
             for s in range(int(self.seeds))
         ]
+
+
+#: The sweeps of the benchmark set (``benchmarks/bench_prediction.py``), all on the embedded
+#: digits data, 96 runs each: ``dtg sweep --preset NAME --out DIR``.
+PRESETS: dict[str, SweepConfig] = {
+    # LeNet-5, plain SGD with momentum, 20 epochs
+    "lenet5-digits": SweepConfig(
+        model="lenet5",
+        lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
+        dropouts=(0.0, 0.25, 0.5, 0.75),
+        seeds=3,
+        epochs=20,
+    ),
+    # a plain (no batch norm) VGG-11 at width 1/16, where it trains at all
+    "vgg11-digits": SweepConfig(
+        model="vgg11",
+        lrs=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1),
+        dropouts=(0.0, 0.25, 0.5, 0.75),
+        seeds=3,
+        epochs=20,
+        model_kwargs={"width": 1 / 16},
+    ),
+    # residual + batch norm under SGD with momentum and weight decay: CIFAR ResNet-20 at base
+    # width 4, 16 epochs, 8 learning rates x 3 dropouts x 4 seeds
+    "resnet20-digits": SweepConfig(
+        model="resnet20",
+        lrs=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+        dropouts=(0.0, 0.25, 0.5),
+        seeds=4,
+        epochs=16,
+        momentum=0.9,
+        weight_decay=5e-4,
+        model_kwargs={"width": 4},
+    ),
+}
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -156,6 +207,8 @@ def _run_meta(
         "seed": point["seed"],
         "epochs": int(cfg.epochs),
         "optimizer": cfg.optimizer,
+        "momentum": cfg.momentum,
+        "weight_decay": cfg.weight_decay,
         "batch_size": int(cfg.batch_size),
         "checkpoint_every": cfg.checkpoint_every,
         "checkpoint_unit": cfg.checkpoint_unit,
@@ -204,9 +257,9 @@ def train_run(
     model = build_model(cfg.model, **kwargs).to(device)
     opt: torch.optim.Optimizer
     if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=point["lr"], momentum=cfg.momentum)
+        opt = torch.optim.SGD(model.parameters(), lr=point["lr"], momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=point["lr"])
+        opt = torch.optim.Adam(model.parameters(), lr=point["lr"], weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(10_000 + point["seed"])
     xtr, ytr = (t.to(device) for t in ds.train)
     xva, yva = (t.to(device) for t in ds.val)
@@ -335,6 +388,8 @@ def train_group(
             grads = torch.autograd.grad(loss.sum(), [params[k] for k in keys])
             with torch.no_grad():
                 for k, g in zip(keys, grads):
+                    if cfg.weight_decay:  # PyTorch's SGD: g ← g + λ θ before momentum
+                        g = g.add(params[k], alpha=cfg.weight_decay)
                     buf = momentum[k].mul_(cfg.momentum).add_(g)
                     params[k].sub_(lr.view(-1, *([1] * (g.dim() - 1))) * buf)
             last_loss = loss.detach()
@@ -543,7 +598,12 @@ def run_sweep(
 def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
     """``out`` may hold this sweep (resume) or nothing trained yet; never a different one."""
     old = read_manifest(path)
-    if isinstance(old, dict) and old.get("config") == manifest["config"]:
+    defaults = {"weight_decay": 0.0}  # fields added since: a sweep written before them resumes
+    if (
+        isinstance(old, dict)
+        and isinstance(old.get("config"), dict)
+        and {**defaults, **old["config"]} == manifest["config"]
+    ):
         return
     started = any(
         (out / n).exists()

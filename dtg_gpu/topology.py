@@ -29,7 +29,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -84,6 +84,11 @@ class WeightLayer:
         state-dict entries it is computed from and their shapes; empty for a plain weight.
     effective : callable, optional
         That computation, traced from the forward pass (it depends on no input).
+    batchnorm : tuple, optional
+        The batch norm that directly follows the layer (its output's only consumer), as
+        ``(module name, eps, state-dict sources, their shapes)``, the sources being its
+        ``running_var`` and, when affine, its ``weight`` (γ). Used by
+        :meth:`ChannelTopology.fold_batchnorm`; ``None`` otherwise.
     """
 
     name: str
@@ -97,6 +102,7 @@ class WeightLayer:
     sources: tuple[str, ...] = ()
     source_shapes: tuple[tuple[int, ...], ...] = ()
     effective: Any = None
+    batchnorm: tuple | None = None
 
     def effective_weight(self, state: dict) -> torch.Tensor:
         """The weight the forward pass uses: ``state[param]``, or for a computed weight
@@ -203,6 +209,56 @@ class ChannelTopology:
     def params(self) -> list[str]:
         """State-dict keys of the weights the graph is made from (no duplicates)."""
         return list(dict.fromkeys(layer.param for layer in self.layers))
+
+    @cached_property
+    def folded(self) -> "ChannelTopology":
+        """:meth:`fold_batchnorm`, made once per topology (so runs that share a topology
+        share the folded one, and its index plans)."""
+        if not any(layer.batchnorm for layer in self.layers):
+            return self
+        layers = []
+        for layer in self.layers:
+            if layer.batchnorm is None:
+                layers.append(layer)
+                continue
+            bn, eps, bn_sources, bn_shapes = layer.batchnorm
+            own = layer.sources or (layer.param,)
+            own_shapes = layer.source_shapes or (layer.weight_shape,)
+            layers.append(
+                replace(
+                    layer,
+                    sources=tuple(own) + tuple(bn_sources),
+                    source_shapes=tuple(own_shapes) + tuple(bn_shapes),
+                    effective=_FoldedBatchNorm(layer.effective, len(own), float(eps), len(bn_sources) == 2),
+                    batchnorm=None,
+                )
+            )
+        folded = replace(self, layers=tuple(layers))
+        folded.__dict__["folded"] = folded  # folding twice is folding once
+        return folded
+
+    def fold_batchnorm(self) -> "ChannelTopology":
+        r"""This topology with batch norm folded into the layers it follows (option beyond
+        the method: SPEC's ``fold_batchnorm=True``).
+
+        A conv or linear whose output goes only into a ``BatchNorm1d/2d/3d`` that keeps
+        running statistics gets the weight that network computes with at inference,
+
+        .. math::
+            W'_{o} = \frac{\gamma_o}{\sqrt{\sigma^2_o + \varepsilon}}\, W_{o}
+
+        per output channel ``o`` (:math:`\gamma = 1` without affine parameters). The edges are
+        the norms of :math:`W'`. Batch norm makes the scale of :math:`W` irrelevant to what the
+        network computes; :math:`W'` carries the scale that matters. Other layers are
+        unchanged; nodes and edges are the same. Folding needs the forward pass traced by
+        torch.fx (a model traced another way is returned as it is).
+
+        Returns
+        -------
+        ChannelTopology
+            ``self`` when no layer is followed by batch norm.
+        """
+        return self.folded
 
     def signature(self) -> tuple:
         """A hashable key: two models with equal signatures share every graph index."""
@@ -333,6 +389,26 @@ def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
 
         return (f"{prefix}weight_g", f"{prefix}weight_v"), (tuple(g.shape), tuple(v.shape)), legacy
     return (), (), None
+
+
+class _FoldedBatchNorm:
+    """The effective weight of a layer followed by batch norm: its own effective weight
+    (``base`` on its first ``n`` sources, or the plain weight) times
+    ``γ/√(σ² + ε)`` per output channel."""
+
+    def __init__(self, base: Any, n: int, eps: float, affine: bool):
+        self.base, self.n, self.eps, self.affine = base, n, eps, affine
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        own, bn = tensors[: self.n], tensors[self.n :]
+        w = self.base(*own) if self.base is not None else own[0]
+        scale = torch.rsqrt(bn[0] + self.eps)
+        if self.affine:
+            scale = bn[1] * scale
+        return w * scale.reshape((-1,) + (1,) * (w.dim() - 1))
+
+    def __repr__(self) -> str:
+        return f"FoldedBatchNorm(eps={self.eps}, affine={self.affine})"
 
 
 class _Builder:
@@ -476,6 +552,7 @@ class _Builder:
                 sources=l.get("sources", ()),
                 source_shapes=l.get("source_shapes", ()),
                 effective=l.get("effective"),
+                batchnorm=l.get("batchnorm"),
             )
             for l in self.layers
         )
@@ -982,6 +1059,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
     first_input = True
     attr_of: dict[torch.fx.Node, str] = {}  # a parameter, maybe expanded or cast
     joined: set[str] = set()  # parameters added to / joined with activations
+    layer_of: dict[torch.fx.Node, int] = {}  # node → index of the weight layer it is the output of
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             vals[node] = _Val(_Cell()) if first_input else None
@@ -1013,8 +1091,13 @@ def _trace(model: nn.Module) -> ChannelTopology:
                 )
             if isinstance(mod, _CONV):
                 vals[node] = builder.add_layer(node.target, mod, args[0], "conv")
+                layer_of[node] = len(builder.layers) - 1
             elif isinstance(mod, nn.Linear):
                 vals[node] = builder.add_layer(node.target, mod, args[0], "linear")
+                layer_of[node] = len(builder.layers) - 1
+            elif isinstance(mod, nn.modules.batchnorm._BatchNorm):
+                _attach_batchnorm(builder, node, mod, layer_of)
+                vals[node] = args[0] if args else None
             elif isinstance(mod, nn.MultiheadAttention):
                 vals[node] = _attention(builder, node.target, mod, node, vals)
             elif isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
@@ -1036,6 +1119,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
             layer = _add_call(builder, gm, node, args[0], state)
             if layer is not None:
                 vals[node] = layer
+                layer_of[node] = len(builder.layers) - 1
                 continue
         if _channel_op(node, args, vals, consts):
             continue
@@ -1075,6 +1159,26 @@ def _trace(model: nn.Module) -> ChannelTopology:
         else:
             vals[node] = args[0] if args else None
     return builder.finish(traced=True, coverage=_coverage(model, builder.layers, joined))
+
+
+def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: nn.Module, layer_of: dict) -> None:
+    """Record a batch norm that directly follows a weight layer (for ``fold_batchnorm``):
+    its input is the layer's output and nothing else reads that output."""
+    src = node.args[0] if node.args else None
+    if not isinstance(src, torch.fx.Node) or src not in layer_of or len(src.users) != 1:
+        return
+    running_var = getattr(mod, "running_var", None)
+    if not (mod.track_running_stats and isinstance(running_var, torch.Tensor)):
+        return  # batch statistics at inference too: nothing to fold
+    layer = builder.layers[layer_of[src]]
+    if layer.get("batchnorm") is not None or running_var.shape[0] != layer["out"].shape[0]:
+        return
+    names = [f"{node.target}.running_var"]
+    shapes = [tuple(running_var.shape)]
+    if mod.affine and isinstance(getattr(mod, "weight", None), torch.Tensor):
+        names.append(f"{node.target}.weight")
+        shapes.append(tuple(mod.weight.shape))
+    layer["batchnorm"] = (str(node.target), float(mod.eps), tuple(names), tuple(shapes))
 
 
 def _describe(node: torch.fx.Node) -> str:

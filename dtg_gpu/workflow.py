@@ -37,6 +37,7 @@ FEATURE_SETS = (
     "dtg_per_layer",
     "dtg_per_layer+eigenvalue",
     "learning_curve",
+    "covariates",
 )
 
 
@@ -124,6 +125,7 @@ def featurize_sweep(
     address: str | None = None,
     cache: Any = None,
     chunk_size: int | None = None,
+    fold_batchnorm: bool = False,
 ) -> SweepFeatures:
     """Solve every checkpoint of every run once; keep the raw statistics.
 
@@ -158,6 +160,8 @@ def featurize_sweep(
         bit-identical to solving it again.
     chunk_size : int, optional
         Graphs per batch (rounded to whole runs); default: sized to a 1 GiB budget.
+    fold_batchnorm : bool, default False
+        As in :func:`~dtg_gpu.featurize` (option beyond the method).
 
     Raises
     ------
@@ -194,6 +198,7 @@ def featurize_sweep(
         address=address,
         cache=cache,
         chunk_size=chunk_size,
+        fold_batchnorm=fold_batchnorm,
     )
     warn_failures(failures, stacklevel=2)
     failed.update(failures)
@@ -213,11 +218,24 @@ def featurize_sweep(
     )
 
 
-def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+def feature_sets(
+    sf: SweepFeatures, k: int, names: Sequence[str], covariates: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
     """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``spectral``,
     ``dtg+weight_stats``, ``dtg+eigenvalue``, ``dtg_per_layer`` and
-    ``dtg_per_layer+eigenvalue`` (options beyond the method), ``learning_curve``."""
+    ``dtg_per_layer+eigenvalue`` (options beyond the method), ``learning_curve``, and
+    ``covariates`` (the known hyper-parameters alone: the hyper-parameter oracle).
+
+    ``covariates``: run.json fields (:func:`~dtg_gpu.analysis.covariate_matrix`) appended to
+    every set but ``covariates`` itself, which they make up (default: ``lr``, ``dropout``)."""
+    from .analysis import covariate_matrix
+
     out: dict[str, np.ndarray] = {}
+    cov = (
+        covariate_matrix(sf.runs, covariates or ("lr", "dropout"))[0].numpy()
+        if (covariates or "covariates" in names)
+        else None
+    )
     ws = None
     ok_runs = [r for r, u in zip(sf.runs, sf.usable) if u]
 
@@ -243,8 +261,14 @@ def feature_sets(sf: SweepFeatures, k: int, names: Sequence[str]) -> dict[str, n
             out[name] = per_run(spectral_alpha)
         elif name == "learning_curve":
             out[name] = per_run(learning_curve)
+        elif name == "covariates":
+            assert cov is not None
+            out[name] = cov
+            continue
         else:
             raise ValueError(f"unknown feature set {name!r}")
+        if covariates and cov is not None:
+            out[name] = np.hstack([out[name], cov])
     return out
 
 
@@ -256,17 +280,19 @@ def compare(
     repeats: int = 20,
     seed: int = 0,
     clf: PerformancePredictor | None = None,
+    covariates: Sequence[str] = (),
 ) -> list[dict]:
     """Evaluate every feature set at every ``k``; one row per (feature set, k).
 
-    Runs that failed to be read or solved (``sf.usable`` False) are left out of labels,
+    ``covariates``: known hyper-parameters appended to every feature set (see
+    :func:`feature_sets`). Runs that failed to be read or solved (``sf.usable`` False) are left out of labels,
     training and testing; featurising named them in a warning already."""
     keep = sf.usable
     y = label_runs(sf.accuracies[keep], threshold)
     clf = clf or PerformancePredictor()
     rows = []
     for k in ks:
-        for name, X in feature_sets(sf, k, names).items():
+        for name, X in feature_sets(sf, k, names, covariates).items():
             s = evaluate(clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
     return rows

@@ -35,6 +35,23 @@ def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="option beyond the method: add log(lambda_1) as a last statistic per timestep",
     )
+    _family_flags(p)
+
+
+def _family_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fold-batchnorm",
+        action="store_true",
+        help="option beyond the method: edges from the inference-time weights of layers followed "
+        "by batch norm (gamma/sqrt(var+eps) * W per output channel)",
+    )
+    p.add_argument(
+        "--covariates",
+        nargs="+",
+        default=[],
+        metavar="FIELD",
+        help="option beyond the method: append these run.json fields (e.g. lr dropout; rates as log10)",
+    )
 
 
 def _strict(p: argparse.ArgumentParser) -> None:
@@ -96,6 +113,8 @@ def _sweep_features(a, runs):
         eigenvalue=a.eigenvalue,
         per_layer=a.per_layer,
         strict=a.strict,
+        fold_batchnorm=a.fold_batchnorm,
+        covariates=a.covariates,
         **_executor(a),
     )
     warn_failures(failures)
@@ -104,7 +123,7 @@ def _sweep_features(a, runs):
         raise TopologyError("no run of the sweep could be read: " + "; ".join(list(failures.values())[:3]))
     first = runs[int(np.flatnonzero(usable)[0])]
     layout = StatisticsLayout.of(first.topology, per_layer=a.per_layer, eigenvalue=a.eigenvalue)
-    return X, layout.names, layout.timesteps(X.shape[1]), usable
+    return X, layout.names, layout.timesteps(X.shape[1] - len(a.covariates)), usable
 
 
 def _json_safe(obj):
@@ -130,16 +149,24 @@ def _command(name: str, help: str, configure, run):
 
 # ------------------------------------------------------------------------------ sweep
 def _sweep_args(p):
-    p.add_argument("--model", default="lenet5", help="lenet5, vgg11/13/16/19, resnet18/34, resnet20/32")
-    p.add_argument("--dataset", default="digits", help="digits (offline), mnist, cifar10, cifar100")
-    p.add_argument("--lr", type=float, nargs="+", default=[0.001, 0.01, 0.1])
-    p.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.3, 0.6])
-    p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--checkpoint-every", type=int, default=1)
-    p.add_argument("--checkpoint-unit", choices=["epoch", "step"], default="epoch")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=("lenet5-digits", "vgg11-digits", "resnet20-digits"),  # sweeps.PRESETS (no torch import here)
+        help="a sweep of the benchmark set; the flags below override its fields",
+    )
+    p.add_argument("--model", default=None, help="lenet5, vgg11/13/16/19, resnet18/34, resnet20/32 (default lenet5)")
+    p.add_argument("--dataset", default=None, help="digits (offline, default), mnist, cifar10, cifar100")
+    p.add_argument("--lr", type=float, nargs="+", default=None, help="default 0.001 0.01 0.1")
+    p.add_argument("--dropout", type=float, nargs="+", default=None, help="default 0 0.3 0.6")
+    p.add_argument("--seeds", type=int, default=None, help="default 1")
+    p.add_argument("--epochs", type=int, default=None, help="default 20")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="default 1")
+    p.add_argument("--checkpoint-unit", choices=["epoch", "step"], default=None, help="default epoch")
+    p.add_argument("--batch-size", type=int, default=None, help="default 64")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default=None, help="default sgd")
+    p.add_argument("--momentum", type=float, default=None, help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=float, default=None, help="L2 weight decay (default 0)")
     p.add_argument(
         "--width", type=float, default=None, help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16)"
     )
@@ -174,19 +201,28 @@ def _width_kwargs(model: str, width: float | None) -> dict:
 def _sweep_run(a) -> int:
     from ..sweeps import SweepConfig, run_sweep
 
-    cfg = SweepConfig(
-        model=a.model,
-        dataset=a.dataset,
-        lrs=a.lr,
-        dropouts=a.dropout,
-        seeds=a.seeds,
-        epochs=a.epochs,
-        checkpoint_every=a.checkpoint_every,
-        checkpoint_unit=a.checkpoint_unit,
-        batch_size=a.batch_size,
-        optimizer=a.optimizer,
-        model_kwargs=_width_kwargs(a.model, a.width),
-    )
+    base = SweepConfig.preset(a.preset) if a.preset else SweepConfig()
+    given = {
+        "model": a.model,
+        "dataset": a.dataset,
+        "lrs": a.lr,
+        "dropouts": a.dropout,
+        "seeds": a.seeds,
+        "epochs": a.epochs,
+        "checkpoint_every": a.checkpoint_every,
+        "checkpoint_unit": a.checkpoint_unit,
+        "batch_size": a.batch_size,
+        "optimizer": a.optimizer,
+        "momentum": a.momentum,
+        "weight_decay": a.weight_decay,
+    }
+    changes: dict = {k: v for k, v in given.items() if v is not None}
+    model = changes.get("model", base.model)
+    if a.width is not None:
+        changes["model_kwargs"] = _width_kwargs(model, a.width)
+    elif "model" in changes and model != base.model:
+        changes["model_kwargs"] = {}  # the preset's width belongs to the preset's model
+    cfg = SweepConfig.preset(a.preset, **changes) if a.preset else SweepConfig(**changes)
     if a.group_size < 1:
         raise ValueError(f"--group-size must be >= 1, got {a.group_size}")
     out = run_sweep(
@@ -329,7 +365,7 @@ def _featurize_run(a) -> int:
 
     runs = _load_sweep(a)
     X, names, k, _ = _sweep_features(a, runs)
-    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names]
+    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names] + list(a.covariates)
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])
@@ -431,6 +467,8 @@ def _train_run(a) -> int:
             "statistics": names,
             "eigenvalue": bool(a.eigenvalue),
             "per_layer": bool(a.per_layer),
+            "fold_batchnorm": bool(a.fold_batchnorm),
+            "covariates": list(a.covariates),
             "architecture": architecture_signature(runs[0].topology),
         },
     )
@@ -499,7 +537,7 @@ def _evaluate_args(p):
         nargs="+",
         default=["dtg"],
         help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, "
-        "dtg_per_layer+eigenvalue, learning_curve",
+        "dtg_per_layer+eigenvalue, learning_curve, covariates (the hyper-parameters alone)",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument(
@@ -509,6 +547,7 @@ def _evaluate_args(p):
         help="also write an HTML report (every run's P(sufficient) and verdict, plots) into DIR",
     )
     _features(p)
+    _family_flags(p)
     _scaling(p)
     _strict(p)
     _cluster(p)
@@ -523,7 +562,15 @@ def _evaluate_run(a) -> int:
     unknown = [f for f in a.features if f not in FEATURE_SETS]
     if unknown:
         raise ValueError(f"unknown feature set(s) {unknown}; choose from {', '.join(FEATURE_SETS)}")
-    sf = featurize_sweep(_load_sweep(a), alpha=a.alpha, device=a.device, progress=True, strict=a.strict, **_executor(a))
+    sf = featurize_sweep(
+        _load_sweep(a),
+        alpha=a.alpha,
+        device=a.device,
+        progress=True,
+        strict=a.strict,
+        fold_batchnorm=a.fold_batchnorm,
+        **_executor(a),
+    )
     k = a.timesteps or sf.timesteps
     if k > sf.timesteps:
         from ..exceptions import InsufficientCheckpointsError
@@ -536,6 +583,7 @@ def _evaluate_run(a) -> int:
         threshold=_threshold(a.threshold),
         repeats=a.repeats,
         clf=PerformancePredictor(scaling=a.scaling, select=a.select),
+        covariates=a.covariates,
     )
     if a.report:
         from ..analysis import analyze
