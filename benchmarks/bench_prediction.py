@@ -15,6 +15,7 @@ normalisation of the features, lambda_1, per-layer statistics, the predictor's f
 
 Usage: python benchmarks/bench_prediction.py [--quick] [--work DIR] [--out DIR] [--repeats 20]
        python benchmarks/bench_prediction.py --focus [--repeats 100] [--float64]   (the headline only)
+       python benchmarks/bench_prediction.py --families [--repeats 100]   (across families, issue #19)
 """
 
 from __future__ import annotations
@@ -291,7 +292,19 @@ def main(argv=None):
         help="only the headline (k = 25 %%, median label) with 100 splits, standard and quantile scaling",
     )
     p.add_argument("--float64", action="store_true", help="with --focus: also features solved in float64")
+    p.add_argument(
+        "--families",
+        action="store_true",
+        help="the table across network families (bench_families.py): LeNet-5, VGG-11, ResNet-20 with batch norm",
+    )
+    p.add_argument("--threshold", type=float, default=0.9, help="with --families: the label's accuracy cut")
+    p.add_argument("--jobs", type=int, default=2, help="with --families: evaluations run in parallel")
+    p.add_argument("--cross-repeats", type=int, default=20, help="with --families: MLP seeds of the cross-sweep check")
     a = p.parse_args(argv)
+    if a.families:
+        import bench_families
+
+        return bench_families.run(a)
     if a.focus:
         return focus(a)
     repeats = a.repeats or (5 if a.quick else 20)

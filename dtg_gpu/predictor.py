@@ -242,7 +242,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         ``benchmarks/results/prediction_selection.md``.
     auto : bool, default False
         **Option beyond the method.** Choose ``scaling`` (standard, quantile), ``select``
-        (all, 5, 10) and, when ``column_sets`` is given, the feature set, by stratified
+        (all, or the 5 with the largest F statistic) and, when ``column_sets`` is given, the feature set, by stratified
         ``auto_folds``-fold cross-validation (ROC AUC) *on the training data of* :meth:`fit`
         only: nested inside any outer split, so a number measured on a held-out split stays
         honest. Ties go to the earlier candidate (the method's settings come first). The
@@ -416,7 +416,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             (name, scaling, select)
             for name in sets
             for scaling in SCALINGS
-            for select in (None, 5, 10)
+            for select in (None, 5)
             if select is None or select < len(sets[name])
         ]
         self.auto_scores_ = []

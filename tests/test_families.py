@@ -1,0 +1,361 @@
+"""Residual + batch-norm sweeps (issue #19): weight decay and presets in sweeps, batch norm
+folded into the edges, known covariates, and the adaptive predictor."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
+
+import dtg_gpu
+from dtg_gpu.analysis import covariate_matrix
+from dtg_gpu.checkpoints import Run
+from dtg_gpu.cli.main import main
+from dtg_gpu.exceptions import FailedRunsWarning
+from dtg_gpu.models import build_model
+from dtg_gpu.predictor import PerformancePredictor
+from dtg_gpu.sweeps import PRESETS, SweepConfig, load_sweep, run_sweep
+
+
+# ------------------------------------------------------------------ sweeps: weight decay, presets
+def test_weight_decay_grouped_trains_like_one_run_at_a_time(tmp_path):
+    cfg = SweepConfig(
+        model="lenet5",
+        lrs=(0.05, 0.02),
+        dropouts=(0.0,),
+        epochs=1,
+        checkpoint_every=10,
+        checkpoint_unit="step",
+        weight_decay=0.05,
+    )
+    a = run_sweep(cfg, tmp_path / "grouped", progress=False, device="cpu")
+    b = run_sweep(cfg, tmp_path / "single", progress=False, device="cpu", group_size=1)
+    c = run_sweep(SweepConfig(**{**cfg.__dict__, "weight_decay": 0.0}), tmp_path / "nowd", progress=False)
+    ma, mb = (json.loads((s / "run-0000" / "run.json").read_text()) for s in (a, b))
+    assert ma["trained_with"] == "grouped" and ma["weight_decay"] == mb["weight_decay"] == 0.05
+    assert ma["momentum"] == 0.9
+    last = ma["checkpoints"][-1]["file"]
+    wa, wb, wc = (load_file(s / "run-0000" / last) for s in (a, b, c))
+    for k in wb:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)
+    # weight decay did something: the weights are smaller than without it
+    norm = lambda w: sum(float(v.norm()) ** 2 for k, v in w.items() if k.endswith("weight"))  # noqa: E731
+    assert norm(wa) < norm(wc)
+
+
+def test_a_sweep_written_before_weight_decay_resumes(tmp_path):
+    cfg = SweepConfig(
+        model="lenet5", lrs=(0.01,), dropouts=(0.0,), epochs=1, checkpoint_every=20, checkpoint_unit="step"
+    )
+    out = run_sweep(cfg, tmp_path / "sw", progress=False, device="cpu")
+    manifest = json.loads((out / "sweep.json").read_text())
+    del manifest["config"]["weight_decay"]  # as an older dtg_gpu wrote it
+    (out / "sweep.json").write_text(json.dumps(manifest))
+    run_sweep(cfg, out, progress=False)  # no "different sweep"
+    with pytest.raises(ValueError, match="different sweep"):
+        run_sweep(SweepConfig(**{**cfg.__dict__, "weight_decay": 1e-4}), out, progress=False)
+    with pytest.raises(ValueError, match="weight_decay"):
+        SweepConfig(weight_decay=-1.0).validate()
+
+
+def test_presets_are_the_benchmark_sweeps():
+    for name, cfg in PRESETS.items():
+        cfg.validate()
+        assert len(cfg.grid()) == 96, name
+    res = SweepConfig.preset("resnet20-digits")
+    assert res.model == "resnet20" and res.weight_decay > 0 and res.optimizer == "sgd" and res.momentum > 0
+    assert SweepConfig.preset("resnet20-digits", seeds=1).seeds == 1
+    with pytest.raises(ValueError, match="unknown preset 'resnet'.*resnet20-digits"):
+        SweepConfig.preset("resnet")
+
+
+def test_sweep_command_preset_with_overrides(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ["sweep", "--preset", "resnet20-digits", "--lr", "0.05", "--dropout", "0", "--seeds", "1"]
+    args += ["--epochs", "1", "--checkpoint-every", "10", "--checkpoint-unit", "step", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    meta = json.loads((out / "run-0000" / "run.json").read_text())
+    assert meta["model"] == "resnet20" and meta["model_kwargs"]["width"] == 4
+    assert meta["weight_decay"] == 5e-4 and meta["lr"] == 0.05 and len(meta["checkpoints"]) == 2
+    assert json.loads((out / "sweep.json").read_text())["config"]["weight_decay"] == 5e-4
+    # another model drops the preset's width; flags alone still make a plain sweep
+    assert (
+        main(
+            ["sweep", "--preset", "vgg11-digits", "--model", "lenet5", "--lr", "0.01", "--dropout", "0"]
+            + ["--epochs", "1", "--checkpoint-every", "20", "--checkpoint-unit", "step", "--quiet"]
+            + ["--out", str(tmp_path / "le")]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "le" / "sweep.json").read_text())["config"]["model_kwargs"] == {}
+
+
+# ------------------------------------------------------------------------------ batch norm folding
+def _randomise_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 3 + 0.05)
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
+            if m.affine:
+                m.weight.data.copy_(torch.randn(m.weight.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("name", ["resnet20", "resnet18"])
+def test_folded_weights_equal_torch_fusion(name):
+    kw = {"width": 4} if name == "resnet20" else {}
+    model = _randomise_batchnorm(build_model(name, num_classes=10, in_channels=3, **kw))
+    topo = dtg_gpu.channel_topology(model)
+    folded = topo.fold_batchnorm()
+    assert folded is topo.fold_batchnorm() is folded.fold_batchnorm()  # made once; idempotent
+    assert [(l.name, l.in_nodes.tolist()) for l in folded.layers] == [
+        (l.name, l.in_nodes.tolist()) for l in topo.layers
+    ]
+    w = Run(model, [model.state_dict()]).weights(0, folded)
+    mods = dict(model.named_modules())
+    n_folded = 0
+    for layer in folded.layers:
+        if layer.effective is None:
+            assert isinstance(mods[layer.name], nn.Linear)  # the classifier has no batch norm
+            continue
+        bn = mods[layer.sources[1].rsplit(".", 1)[0]]
+        conv = mods[layer.name]
+        ref, _ = fuse_conv_bn_weights(
+            conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias
+        )
+        torch.testing.assert_close(w[layer.param], ref.detach(), rtol=1e-6, atol=1e-7)
+        n_folded += 1
+    assert n_folded == len(topo.layers) - 1
+
+
+def _conv_bn_net(bn: bool = True, affine: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(2, 5, 3, padding=1, bias=False)]
+    layers += [nn.BatchNorm2d(5, affine=affine)] if bn else []
+    layers += [nn.ReLU(), nn.Conv2d(5, 4, 3, padding=1, bias=False)]
+    layers += [nn.BatchNorm2d(4, affine=affine)] if bn else []
+    layers += [nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 6, bias=False)]
+    layers += [nn.BatchNorm1d(6, affine=affine)] if bn else []
+    layers += [nn.ReLU(), nn.Linear(6, 3)]
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_featurize_folded_equals_a_network_without_batchnorm_holding_the_folded_weights(affine):
+    torch.manual_seed(0)
+    states, plain_states = [], []
+    for t in range(4):
+        net = _randomise_batchnorm(_conv_bn_net(affine=affine), seed=t)
+        for p in net.parameters():
+            p.data.normal_()
+        states.append({k: v.clone() for k, v in net.state_dict().items()})
+        convs = [m for m in net if isinstance(m, (nn.Conv2d, nn.Linear))]
+        bns = [m for m in net if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        fused = []
+        for c, b in zip(convs, bns):
+            gamma = b.weight if affine else torch.ones_like(b.running_var)
+            beta = b.bias if affine else torch.zeros_like(b.running_var)
+            fuse = fuse_conv_bn_weights if isinstance(c, nn.Conv2d) else fuse_linear_bn_weights
+            fused.append(fuse(c.weight, c.bias, b.running_mean, b.running_var, b.eps, gamma, beta)[0])
+        plain = _conv_bn_net(bn=False)
+        plain_convs = [m for m in plain if isinstance(m, (nn.Conv2d, nn.Linear))]
+        for m, w in zip(plain_convs, fused + [convs[-1].weight]):
+            m.weight.data.copy_(w.detach())
+        plain_convs[-1].bias.data.copy_(convs[-1].bias.data)
+        plain_states.append(plain.state_dict())
+    run = Run(_conv_bn_net(affine=affine), states, name="bn")
+    ref = Run(_conv_bn_net(bn=False), plain_states, name="plain")
+    got = dtg_gpu.featurize([run], fold_batchnorm=True, device="cpu", dtype=torch.float64, tol=1e-12)
+    want = dtg_gpu.featurize([ref], device="cpu", dtype=torch.float64, tol=1e-12)
+    torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+    unfolded = dtg_gpu.featurize([run], device="cpu", dtype=torch.float64, tol=1e-12)
+    assert not torch.allclose(unfolded, want, atol=1e-3)
+    res = dtg_gpu.analyze(run, device="cpu", dtype=torch.float64, tol=1e-12, fold_batchnorm=True)
+    torch.testing.assert_close(res.features, want[0], rtol=1e-7, atol=1e-9)
+    assert res.settings["fold_batchnorm"] is True
+
+
+def test_folded_features_ignore_the_scale_batch_norm_removes():
+    """Scaling a conv's weight by c (and so its output's variance by c², as training would
+    record it) changes nothing the network computes; folded features do not move either."""
+    torch.manual_seed(1)
+    net = _randomise_batchnorm(_conv_bn_net())
+    base = {k: v.clone() for k, v in net.state_dict().items()}
+    scaled = {k: v.clone() for k, v in base.items()}
+    scaled["0.weight"] *= 7.0
+    scaled["1.running_var"] = scaled["1.running_var"] * 49.0 + net[1].eps * 48.0  # (c²σ² + ε) = c²(σ² + ε)
+    run = Run(_conv_bn_net(), [base, scaled])
+    folded = dtg_gpu.analyze(run, device="cpu", dtype=torch.float64, tol=1e-12, fold_batchnorm=True)
+    # equal up to the float32 rounding of the stored running variance
+    torch.testing.assert_close(folded.centrality[0], folded.centrality[1], rtol=1e-6, atol=1e-7)
+    raw = dtg_gpu.analyze(run, device="cpu", dtype=torch.float64, tol=1e-12)
+    assert (raw.centrality[0] - raw.centrality[1]).abs().max() > 1e-2
+
+
+def test_only_a_batch_norm_that_directly_and_solely_follows_a_layer_is_folded():
+    class Shared(nn.Module):  # the conv's output is read by the batch norm and by the residual sum
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+            self.bn = nn.BatchNorm2d(3)
+            self.head = nn.Linear(3, 2)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.head((self.bn(y) + y).mean((2, 3)))
+
+    class PreActivation(nn.Module):  # batch norm before the conv: nothing to fold into
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(3)
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.conv(torch.relu(self.bn(x)))
+
+    for model in (Shared(), PreActivation()):
+        topo = dtg_gpu.channel_topology(model)
+        assert topo.fold_batchnorm() is topo
+    stats_free = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False))
+    assert dtg_gpu.channel_topology(stats_free).fold_batchnorm().layers[0].effective is None
+    functional = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1))
+    assert [l.batchnorm is not None for l in dtg_gpu.channel_topology(functional).layers] == [True, False]
+
+
+def test_fold_batchnorm_reads_the_running_variance_from_each_checkpoint():
+    net = _randomise_batchnorm(_conv_bn_net())
+    state = net.state_dict()
+    broken = {k: v for k, v in state.items() if k != "1.running_var"}
+    run = Run(_conv_bn_net(), [state, broken], name="r")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        X = dtg_gpu.featurize([run], timesteps=2, fold_batchnorm=True, device="cpu")
+    assert torch.isnan(X).all()  # one unreadable checkpoint fails its run, named
+    msg = [str(w.message) for w in caught if issubclass(w.category, FailedRunsWarning)]
+    assert msg and "1.running_var" in msg[0]
+    assert torch.isfinite(dtg_gpu.featurize([run], timesteps=2, device="cpu")).all()  # unfolded: not needed
+
+
+# ------------------------------------------------------------------------------------ covariates
+def _runs_with_meta(metas):
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    out = []
+    for i, meta in enumerate(metas):
+        torch.manual_seed(i)
+        states = [{k: torch.randn_like(v) for k, v in net.state_dict().items()} for _ in range(3)]
+        out.append(Run(net, states, name=f"run-{i}", meta=meta))
+    return out
+
+
+def test_covariates_are_appended_log_scaled_where_they_are_rates():
+    runs = _runs_with_meta(
+        [{"lr": 0.1, "dropout": 0.5, "weight_decay": 0.0}, {"lr": 0.001, "dropout": 0.0, "weight_decay": 1e-4}]
+    )
+    X = dtg_gpu.featurize(runs, device="cpu", covariates=["lr", "dropout", "weight_decay"])
+    base = dtg_gpu.featurize(runs, device="cpu")
+    assert X.shape == (2, base.shape[1] + 3)
+    torch.testing.assert_close(X[:, : base.shape[1]], base)
+    torch.testing.assert_close(
+        X[:, -3:].double(), torch.tensor([[-1.0, 0.5, -10.0], [-3.0, 0.0, -4.0]], dtype=torch.float64)
+    )
+
+
+def test_a_run_without_a_covariate_is_named_and_left_out():
+    runs = _runs_with_meta([{"lr": 0.1}, {"lr": "fast"}, {"lr": 0.01}])
+    with pytest.warns(FailedRunsWarning, match=r"covariate 'lr'.*run-1"):
+        X = dtg_gpu.featurize(runs, device="cpu", covariates=["lr"])
+    assert torch.isnan(X[1]).all() and torch.isfinite(X[[0, 2]]).all()
+    with pytest.raises(ValueError, match=r"covariate 'lr'.*run-1"):
+        dtg_gpu.featurize(runs, device="cpu", covariates=["lr"], strict=True)
+    with pytest.raises(ValueError, match="'momentum' is in no run's run.json"):
+        covariate_matrix(runs, ["momentum"])
+    with pytest.raises(ValueError, match="list of run.json field names"):
+        covariate_matrix(runs, "lr")
+
+
+# ----------------------------------------------------------------------------- auto predictor
+def test_auto_chooses_the_informative_column_set_inside_the_training_data(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 90
+    y = np.arange(n) % 2
+    signal = y[:, None] * 1.5 + rng.normal(size=(n, 3))
+    noise = rng.normal(size=(n, 12))
+    X = np.hstack([noise, signal])
+    sets = {"noise": list(range(12)), "signal": [12, 13, 14], "both": list(range(15))}
+    clf = PerformancePredictor(auto=True, column_sets=sets, random_state=0, epochs=60).fit(X, y)
+    assert clf.columns_.tolist() in ([12, 13, 14], list(range(15)))
+    tried = {(s["columns"], s["scaling"], s["select"]) for s in clf.auto_scores_}
+    assert ("noise", "standard", None) in tried and ("both", "quantile", 5) in tried
+    best = max(clf.auto_scores_, key=lambda s: s["auc"])
+    noise_best = max(s["auc"] for s in clf.auto_scores_ if s["columns"] == "noise")
+    assert best["auc"] > noise_best + 0.2
+    assert clf.score(X, y) > 0.8
+    # saved and loaded: the same choice and the same probabilities
+    clf.save(tmp_path / "auto.safetensors")
+    back = PerformancePredictor.load(tmp_path / "auto.safetensors")
+    assert back.columns_.tolist() == clf.columns_.tolist() and back.scaling_ == clf.scaling_
+    np.testing.assert_allclose(back.predict_proba(X), clf.predict_proba(X), rtol=1e-6, atol=1e-7)
+    # the choice depends on the training rows only: fitting on a subset never reads the rest
+    X2 = X.copy()
+    X2[60:] = np.nan
+    part = PerformancePredictor(auto=True, column_sets=sets, random_state=0, epochs=60).fit(X[:60], y[:60])
+    again = PerformancePredictor(auto=True, column_sets=sets, random_state=0, epochs=60).fit(X2[:60], y[:60])
+    assert part.auto_scores_ == again.auto_scores_
+
+
+def test_auto_parameters_are_checked():
+    X, y = np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2
+    for kw, match in [
+        ({"auto_folds": 1}, "auto_folds"),
+        ({"column_sets": {"a": []}}, "column_sets"),
+        ({"column_sets": {"a": [0, 7]}}, "beyond"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            PerformancePredictor(auto=True, **kw).fit(X, y)
+
+
+# ------------------------------------------------------------------------- CLI end to end
+def test_cli_fold_batchnorm_and_covariates_train_then_predict(tmp_path, capsys):
+    cfg = SweepConfig.preset(
+        "resnet20-digits",
+        lrs=(0.01, 0.1),
+        dropouts=(0.0, 0.5),
+        seeds=1,
+        epochs=1,
+        checkpoint_every=8,
+        checkpoint_unit="step",
+        model_kwargs={"width": 2},
+    )
+    sweep = run_sweep(cfg, tmp_path / "sw", progress=False, device="cpu")
+    assert len(load_sweep(sweep)) == 4
+    csv = tmp_path / "f.csv"
+    assert main(["featurize", str(sweep), "--fold-batchnorm", "--covariates", "lr", "dropout", "--out", str(csv)]) == 0
+    header = csv.read_text().splitlines()[0].split(",")
+    assert header[-2:] == ["lr", "dropout"] and header[2] == "mean_t1"
+    pred = tmp_path / "p.safetensors"
+    assert (
+        main(
+            ["train", str(sweep), "--fold-batchnorm", "--covariates", "lr", "dropout", "--epochs", "20"]
+            + ["--out", str(pred)]
+        )
+        == 0
+    )
+    fs = PerformancePredictor.load(pred).feature_settings
+    assert fs["fold_batchnorm"] is True and fs["covariates"] == ["lr", "dropout"]
+    capsys.readouterr()
+    assert main(["predict", str(pred), str(sweep / "run-0000"), str(sweep / "run-0003")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all("P(sufficient)=" in line and "nan" not in line for line in lines)
+    assert (
+        main(
+            ["evaluate", str(sweep), "--features", "dtg", "covariates", "--covariates", "lr", "--repeats", "2"]
+            + ["--fold-batchnorm", "--json"]
+        )
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["features"] for r in rows] == ["dtg", "covariates"]
