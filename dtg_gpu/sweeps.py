@@ -247,6 +247,29 @@ def _evaluate(model, x, y, batch: int = 1024) -> tuple[float, float]:
     return correct / len(x), loss / len(x)
 
 
+def _epochs(cfg: SweepConfig, progress: bool, desc: str):
+    """Epochs ``1 … cfg.epochs``, under a tqdm bar with ``progress``."""
+    epochs = range(1, int(cfg.epochs) + 1)
+    if not progress:
+        return epochs
+    from tqdm.auto import tqdm
+
+    return tqdm(epochs, desc=desc, leave=False, unit="epoch")
+
+
+def _minibatches(n: int, batch_size: int, gen: torch.Generator, device: torch.device):
+    """One epoch's mini-batch indices: a permutation drawn from ``gen`` (the seed's batch
+    order, shared by every run of the seed), cut into ``batch_size`` pieces."""
+    order = torch.randperm(n, generator=gen).to(device)
+    for i in range(0, n, batch_size):
+        yield order[i : i + batch_size]
+
+
+def _due(cfg: SweepConfig, unit: str, count: int) -> bool:
+    """Whether a checkpoint is due after ``count`` steps (``unit="step"``) or epochs."""
+    return cfg.checkpoint_unit == unit and count % cfg.checkpoint_every == 0
+
+
 def train_run(
     cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path, device: torch.device, progress: bool = False
 ) -> dict[str, Any]:
@@ -273,20 +296,11 @@ def train_run(
         identity = _save_state(model.state_dict(), folder / name)
         checkpoints.append(_checkpoint_record(name, epoch, step, acc, vloss, train_loss, identity))
 
-    epochs = range(1, int(cfg.epochs) + 1)
-    if progress:
-        from tqdm.auto import tqdm
-
-        epochs = tqdm(
-            epochs, desc=f"lr={point['lr']:g} drop={point['dropout']:g} seed={point['seed']}", leave=False, unit="epoch"
-        )
     model.train()
-    for epoch in epochs:
-        order = torch.randperm(n, generator=gen).to(device)
-        for i in range(0, n, bs):
+    for epoch in _epochs(cfg, progress, f"lr={point['lr']:g} drop={point['dropout']:g} seed={point['seed']}"):
+        for idx in _minibatches(n, bs, gen, device):
             step += 1
             if not diverged:
-                idx = order[i : i + bs]
                 loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
                 train_loss = float(loss.detach())
                 if not math.isfinite(train_loss):
@@ -294,9 +308,9 @@ def train_run(
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-            if cfg.checkpoint_unit == "step" and step % cfg.checkpoint_every == 0:
+            if _due(cfg, "step", step):
                 checkpoint(epoch)
-        if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
+        if _due(cfg, "epoch", epoch):
             checkpoint(epoch)
     if not diverged and any(not torch.isfinite(p).all() for p in model.parameters()):
         diverged = True
@@ -371,17 +385,10 @@ def train_group(
             identity = _save_state(net.state(j), folders[j] / name)
             records[j].append(_checkpoint_record(name, epoch, step, accs[j], losses[j], train_losses[j], identity))
 
-    epochs = range(1, int(cfg.epochs) + 1)
-    if progress:
-        from tqdm.auto import tqdm
-
-        epochs = tqdm(epochs, desc=f"{m} runs, seed={seed}", leave=False, unit="epoch")
     keys = list(params)
-    for epoch in epochs:
-        order = torch.randperm(n, generator=gen).to(device)
-        for i in range(0, n, bs):
+    for epoch in _epochs(cfg, progress, f"{m} runs, seed={seed}"):
+        for idx in _minibatches(n, bs, gen, device):
             step += 1
-            idx = order[i : i + bs]
             out = net.forward(xtr[idx])  # [m, B, classes]
             yb = ytr[idx]
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.repeat(m), reduction="none").view(m, -1).mean(1)
@@ -394,9 +401,9 @@ def train_group(
                     params[k].sub_(lr.view(-1, *([1] * (g.dim() - 1))) * buf)
             last_loss = loss.detach()
             diverged |= ~torch.isfinite(last_loss)
-            if cfg.checkpoint_unit == "step" and step % cfg.checkpoint_every == 0:
+            if _due(cfg, "step", step):
                 checkpoint(epoch)
-        if cfg.checkpoint_unit == "epoch" and epoch % cfg.checkpoint_every == 0:
+        if _due(cfg, "epoch", epoch):
             checkpoint(epoch)
     for v in params.values():
         diverged |= ~torch.isfinite(v.detach().reshape(m, -1)).all(1)

@@ -169,6 +169,12 @@ class ChannelTopology:
         for the input channels of the first weight layer).
     traced : bool
         ``False`` when torch.fx failed and module registration order was used.
+    assumed_ops : tuple of str
+        Operations of the forward pass that are in no table of :mod:`dtg_gpu.topology`
+        (neither known to keep the channels, like activations, pooling and normalisation, nor
+        to map them, like slicing and concatenation) and were assumed to keep their input's
+        channels, each as ``op 'name' (node ...) in module ...``. A weight layer that then finds
+        the wrong number of channels names the op in its error.
     """
 
     layers: tuple[WeightLayer, ...]
@@ -176,6 +182,7 @@ class ChannelTopology:
     node_owner: tuple[str, ...]
     traced: bool = True
     coverage_rows: tuple = ()
+    assumed_ops: tuple[str, ...] = ()
 
     @property
     def source_params(self) -> dict[str, tuple[int, ...]]:
@@ -526,7 +533,7 @@ class _Builder:
         self.layers[-1]["out"] = out_ids
         return _Val(_Cell(out_ids), flat=(kind == "linear"))
 
-    def finish(self, traced: bool, coverage: tuple = ()) -> ChannelTopology:
+    def finish(self, traced: bool, coverage: tuple = (), assumed: Sequence[str] = ()) -> ChannelTopology:
         if not self.layers:
             raise TopologyError("the model has no Conv1d/2d/3d or Linear layer: its graph is empty")
         roots = np.array([self.find(a) for a in range(len(self.parent))])
@@ -558,7 +565,12 @@ class _Builder:
         )
         owner = tuple(self.owner[r] for r in order)
         return ChannelTopology(
-            layers=layers, num_nodes=len(order), node_owner=owner, traced=traced, coverage_rows=coverage
+            layers=layers,
+            num_nodes=len(order),
+            node_owner=owner,
+            traced=traced,
+            coverage_rows=coverage,
+            assumed_ops=tuple(assumed),
         )
 
 
@@ -661,6 +673,59 @@ def _is_flatten(node: torch.fx.Node) -> bool:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         return len(shape) == 2
+    return False
+
+
+_F = nn.functional
+# ops known to keep their first operand's channels: elementwise functions, dropout, pooling,
+# normalisation, padding and resizing, casts and copies
+_KEEP_FNS = {
+    _F.relu, _F.relu_, _F.relu6, _F.gelu, _F.silu, _F.elu, _F.selu, _F.celu, _F.leaky_relu, _F.hardswish,
+    _F.hardsigmoid, _F.hardtanh, _F.mish, _F.softplus, _F.sigmoid, _F.tanh, _F.logsigmoid, _F.softsign,
+    _F.dropout, _F.dropout1d, _F.dropout2d, _F.dropout3d, _F.alpha_dropout, _F.feature_alpha_dropout,
+    _F.max_pool1d, _F.max_pool2d, _F.max_pool3d, _F.avg_pool1d, _F.avg_pool2d, _F.avg_pool3d,
+    _F.adaptive_avg_pool1d, _F.adaptive_avg_pool2d, _F.adaptive_avg_pool3d, _F.adaptive_max_pool1d,
+    _F.adaptive_max_pool2d, _F.adaptive_max_pool3d, _F.lp_pool1d, _F.lp_pool2d,
+    _F.batch_norm, _F.layer_norm, _F.group_norm, _F.instance_norm, _F.local_response_norm, _F.normalize,
+    _F.rms_norm, _F.pad, _F.interpolate, _F.upsample, _F.softmax, _F.log_softmax,
+    torch.relu, torch.relu_, torch.sigmoid, torch.tanh, torch.exp, torch.abs, torch.neg, torch.sqrt,
+    torch.rsqrt, torch.square, torch.clamp, torch.clip, torch.pow, torch.erf, torch.sin, torch.cos,
+    torch.softmax, torch.dropout, torch.max_pool2d, torch.avg_pool1d, torch.layer_norm, torch.batch_norm,
+    torch.nn.functional.hardshrink, torch.nn.functional.tanhshrink,
+    operator.neg, operator.pos, operator.pow, operator.abs, operator.invert,
+}  # fmt: skip
+_KEEP_METHODS = {
+    "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "exp", "exp_", "abs", "abs_", "neg", "neg_",
+    "sqrt", "sqrt_", "rsqrt", "pow", "pow_", "square", "clamp", "clamp_", "clip", "clip_", "softmax",
+    "log_softmax", "erf", "sin", "cos", "float", "half", "double", "bfloat16", "to", "type", "type_as",
+    "contiguous", "clone", "detach", "requires_grad_", "masked_fill", "masked_fill_", "fill_", "zero_",
+}  # fmt: skip
+_COMPARE = {operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge, torch.eq, torch.ne}
+_META_ATTRS = {"dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
+# by name: functions of libraries not imported here (torchvision.ops, timm)
+_KEEP_NAMES = {"stochastic_depth", "drop_path", "drop_block_2d", "drop_block_fast_2d"}
+# reductions keep the channels when they reduce other dimensions only (``x.mean((2, 3))``)
+_REDUCE = {"mean", "sum", "amax", "amin", "std", "var", "logsumexp", "nansum", "nanmean"}
+
+
+def _keeps_channels(node: torch.fx.Node) -> bool:
+    """``node`` is an op known to keep its first operand's channels."""
+    target = node.target
+    if node.op == "call_method" and target in _KEEP_METHODS:
+        return True
+    if node.op == "call_function" and (target in _KEEP_FNS or getattr(target, "__name__", None) in _KEEP_NAMES):
+        return True
+    if node.op == "call_function" and target in _COMPARE:
+        return True  # elementwise: a mask of the same channels
+    if node.op == "call_function" and target is getattr and len(node.args) > 1 and node.args[1] in _META_ATTRS:
+        return True  # x.dtype, x.device: nothing downstream consumes them as channels
+    name = target if node.op == "call_method" else getattr(target, "__name__", None)
+    if name in ("_assert", "_assert_async", "isinstance"):
+        return True
+    if name in _REDUCE and node.op in ("call_method", "call_function"):
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        return dim is not None and all(isinstance(d, int) and d not in (1, -3) for d in dims)
     return False
 
 
@@ -1059,6 +1124,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
     first_input = True
     attr_of: dict[torch.fx.Node, str] = {}  # a parameter, maybe expanded or cast
     joined: set[str] = set()  # parameters added to / joined with activations
+    assumed: list[str] = []  # ops in no table: assumed to keep the channels, named
     layer_of: dict[torch.fx.Node, int] = {}  # node → index of the weight layer it is the output of
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -1156,9 +1222,13 @@ def _trace(model: nn.Module) -> ChannelTopology:
         ):
             a = args[0]  # assumed to keep the channels; named if a layer then finds them wrong
             vals[node] = _Val(a.cell, flat=a.flat, split=a.split, via=_describe(node))
-        else:
+        elif not args or _keeps_channels(node):
             vals[node] = args[0] if args else None
-    return builder.finish(traced=True, coverage=_coverage(model, builder.layers, joined))
+        else:  # in no table: assumed to keep the channels, listed, and named if a layer finds them wrong
+            a = args[0]
+            assumed.append(_describe(node))
+            vals[node] = _Val(a.cell, flat=a.flat, split=a.split, via=a.via or _describe(node))
+    return builder.finish(traced=True, coverage=_coverage(model, builder.layers, joined), assumed=assumed)
 
 
 def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: nn.Module, layer_of: dict) -> None:

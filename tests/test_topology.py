@@ -318,3 +318,35 @@ def test_weight_norm_uses_the_effective_weight(style):
         device="cpu",
     )
     np.testing.assert_allclose(got.centrality.numpy(), want.centrality.numpy(), atol=1e-10)
+
+
+def test_ops_in_no_table_are_listed_and_named_when_channels_go_wrong():
+    class Known(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 2, 1)
+
+        def forward(self, x):
+            y = torch.nn.functional.gelu(self.a(x)).float()
+            return self.b(torch.nn.functional.max_pool2d(y, 2)).mean((2, 3))
+
+    assert channel_topology(Known()).assumed_ops == ()
+
+    class Unknown(Known):
+        def forward(self, x):
+            return self.b(torch.cumsum(self.a(x), 2))
+
+    topo = channel_topology(Unknown())
+    assert len(topo.assumed_ops) == 1 and "op 'cumsum'" in topo.assumed_ops[0]
+    assert topo.num_nodes == 3 + 4 + 2  # still assumed to keep the channels, as before
+
+    class Wrong(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(8, 2, 1)
+
+        def forward(self, x):
+            return self.b(torch.repeat_interleave(self.a(x), 2, dim=1))
+
+    with pytest.raises(TopologyError, match="op 'repeat_interleave'"):
+        channel_topology(Wrong(), strict=True)
