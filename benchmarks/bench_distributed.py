@@ -107,8 +107,8 @@ def _identical(a, b) -> bool:
 
 def _task_costs(runs, k: int) -> list[dict]:
     """Every unit of the plan solved here on one thread: (runs, graphs, seconds)."""
-    from dtg_gpu.engine import plan_units
-    from dtg_gpu.executors import SolveSettings, solve_unit
+    from dtg_gpu._engine import plan_units
+    from dtg_gpu._executors import SolveSettings, solve_unit
 
     s = SolveSettings(k=k, dtype=torch.float32, tol=1e-6, max_iter=1000, method="auto", per_layer=True, eigenvalue=True)
     threads = torch.get_num_threads()

@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 import torch
 
+from ._engine import READ_ERRORS, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
+from ._executors import SolveSettings, default_cache, featurize_runs
 from .centrality import Method, attainable_tol
 from .checkpoints import Run
-from .engine import READ_ERRORS, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
 from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
-from .executors import SolveSettings, default_cache, featurize_runs
 from .features import check_alpha, temporal_features
 from .graph import to_networkx as _to_networkx
 from .graph import to_pyg

@@ -1,7 +1,7 @@
 r"""The per-run feature cache: raw statistics of every solved run, kept beside the sweep.
 
 A killed or failed featurisation resumes where it stopped, locally or on Ray: each unit of
-work (:func:`~dtg_gpu.engine.plan_units`, whole runs solved as one batch) writes one small
+work (:func:`~dtg_gpu._engine.plan_units`, whole runs solved as one batch) writes one small
 file per run, atomically, as soon as it is solved::
 
     SWEEP/.dtg-cache/<run name>/<key>.safetensors

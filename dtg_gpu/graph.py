@@ -115,7 +115,7 @@ def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tens
 def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`filter_norms` before the cast back: float64 where the norms left the range of
     ``weight``'s dtype, so that a caller can rescale them before casting (see
-    :func:`dtg_gpu.engine.scaled_blocks`). With ``out`` (``[T, out, C/groups]`` of
+    :func:`dtg_gpu._engine.scaled_blocks`). With ``out`` (``[T, out, C/groups]`` of
     ``weight``'s dtype) the norms are written there, and ``out`` is returned unless they
     needed float64."""
     w = _slices(weight, layer)
@@ -199,7 +199,7 @@ class BlockOperator:
         (measured, 2 cores), so this is ~2× faster overall for twice the block memory.
         Default: on CPU only (GPU batched GEMV is bandwidth-bound either way).
     scale : Tensor ``[G]``, optional
-        The graphs' weights are ``blocks · scale`` (see :func:`dtg_gpu.engine.scaled_blocks`):
+        The graphs' weights are ``blocks · scale`` (see :func:`dtg_gpu._engine.scaled_blocks`):
         the operator applies ``A / scale`` and solvers report eigenvalues in the units of
         ``A``. Default: ones.
 

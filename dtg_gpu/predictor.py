@@ -323,7 +323,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
     def _device(self) -> torch.device:
-        from .engine import resolve_device
+        from ._engine import resolve_device
 
         return resolve_device(self.device)
 
@@ -528,8 +528,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         :class:`~dtg_gpu.exceptions.FailedRunsWarning`); ``strict=True`` raises instead. A
         diverged run (non-finite weights) is insufficient by rule, as in :meth:`predict_proba`.
         """
+        from ._engine import READ_ERRORS
         from .analysis import featurize_with_failures, warn_failures
-        from .engine import READ_ERRORS
 
         fs = self.feature_settings or {}
         if "timesteps" not in fs or "alpha" not in fs:

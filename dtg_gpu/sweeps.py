@@ -26,12 +26,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._engine import resolve_device
 from ._files import atomic_write, confined_path
+from ._grouped import GroupedSequential, sequential_layers
 from .checkpoints import Run, read_manifest
 from .data import Dataset, load_dataset
-from .engine import resolve_device
 from .exceptions import CheckpointError, DTGWarning, SweepLockedError
-from .grouped import GroupedSequential, sequential_layers
 from .models import build_model
 
 __all__ = ["SweepConfig", "SweepRuns", "run_sweep", "load_sweep", "atomic_write", "tune_cpu_malloc", "PRESETS"]
@@ -320,7 +320,7 @@ def train_run(
 
 
 def _groupable(cfg: SweepConfig, ds: Dataset) -> bool:
-    """Runs can train together: plain SGD and a plain sequential CNN (see :mod:`.grouped`)."""
+    """Runs can train together: plain SGD and a plain sequential CNN (see :mod:`._grouped`)."""
     probe = build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels, **cfg.model_kwargs)
     return cfg.optimizer == "sgd" and sequential_layers(probe) is not None
 
@@ -525,7 +525,7 @@ def run_sweep(
     group_size : int, default 32
         Up to this many runs of one seed are trained at once as one grouped network (plain
         SGD, sequential CNNs such as LeNet-5 and VGG without batch norm; see
-        :mod:`dtg_gpu.grouped`); ``1`` trains one run at a time.
+        :mod:`dtg_gpu._grouped`); ``1`` trains one run at a time.
     executor : {"local", "ray"}, default "local"
         ``"ray"``: each batch of runs is one Ray task (``num_gpus=1`` when the cluster has
         GPUs), which loads the dataset on its node (``data_root`` must be readable there),
@@ -760,8 +760,8 @@ def load_sweep(
         ``sweep.json`` is not valid (not JSON, no ``runs`` list, a run name that leads
         outside the folder); the message names the file and the field.
     """
+    from ._engine import READ_ERRORS
     from .analysis import warn_failures
-    from .engine import READ_ERRORS
 
     path = Path(path)
     manifest = path / "sweep.json"
@@ -806,9 +806,9 @@ def load_sweep(
 
 def _load_run_folders(path: Path, model, prefix: str | None, strict: bool) -> SweepRuns:
     """Every sub-folder of ``path`` that holds checkpoints, as a run of ``model``."""
+    from ._engine import READ_ERRORS
     from .analysis import warn_failures
     from .checkpoints import _natural_key, _scan_checkpoints
-    from .engine import READ_ERRORS
 
     runs = SweepRuns(path=path)
     for sub in sorted(

@@ -138,7 +138,7 @@ class SweepWatcher:
     # ------------------------------------------------------------------- a pass
     def poll(self) -> list[Verdict]:
         """One pass over the sweep: summarise new checkpoints, then judge every run."""
-        from .engine import READ_ERRORS
+        from ._engine import READ_ERRORS
 
         runs: dict[str, tuple] = {}
         out: dict[str, Verdict] = {}

@@ -15,12 +15,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ._engine import READ_ERRORS
+from ._executors import default_cache
 from .analysis import featurize_with_failures, warn_failures
 from .baselines import learning_curve, spectral_alpha, weight_statistics
 from .checkpoints import Run
-from .engine import READ_ERRORS
 from .evaluation import evaluate
-from .executors import default_cache
 from .features import temporal_features
 from .layout import StatisticsLayout
 from .predictor import PerformancePredictor, label_runs
@@ -143,7 +143,7 @@ def featurize_sweep(
         task take its node's GPU when it has one.
     executor : {"local", "ray"}, default "local"
         ``"ray"``: each unit (whole runs of one architecture solved as one batch, see
-        :func:`~dtg_gpu.engine.plan_units`) is a Ray task that gets the runs' checkpoint
+        :func:`~dtg_gpu._engine.plan_units`) is a Ray task that gets the runs' checkpoint
         *paths* (the sweep must lie on storage every node sees), solves them on its node
         (``num_gpus=1`` when the cluster has GPUs, else one CPU) and returns the statistics.
         The results are bit-identical to the local path's for the same dtype and device

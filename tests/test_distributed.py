@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from ray_helpers import BrokenRun, slow  # noqa: E402
 
-from dtg_gpu import executors  # noqa: E402
+from dtg_gpu import _executors as executors  # noqa: E402
 from dtg_gpu.cli.main import main  # noqa: E402
 from dtg_gpu.exceptions import DTGWarning, FailedRunsWarning  # noqa: E402
 from dtg_gpu.feature_cache import CACHE_DIRNAME  # noqa: E402

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from dtg_gpu.grouped import GroupedSequential, sequential_layers
+from dtg_gpu._grouped import GroupedSequential, sequential_layers
 from dtg_gpu.models import build_model
 from dtg_gpu.sweeps import SweepConfig, run_sweep
 

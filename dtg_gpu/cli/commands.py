@@ -497,8 +497,8 @@ def _predict_args(p):
 
 
 def _predict_run(a) -> int:
+    from .._engine import READ_ERRORS
     from ..checkpoints import Run
-    from ..engine import READ_ERRORS
     from ..predictor import PerformancePredictor
 
     clf = PerformancePredictor.load(a.predictor)

@@ -5,7 +5,7 @@ Used through ``executor="ray"`` of :func:`~dtg_gpu.workflow.featurize_sweep` and
 ``evaluate``, ``train`` and ``sweep``. Ray does the scheduling, retries and data movement;
 this module only says what a task is:
 
-- **featurising**: one unit of :func:`~dtg_gpu.engine.plan_units` (whole runs of one
+- **featurising**: one unit of :func:`~dtg_gpu._engine.plan_units` (whole runs of one
   architecture, solved as one batch). The task gets the runs' checkpoint *paths* and the
   architecture on the ``meta`` device (no weights), solves on its node (``num_gpus=1`` when
   the cluster has GPUs, else one CPU), writes each run's cache entry into the sweep folder
@@ -40,8 +40,8 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("executor='ray' (--ray) needs Ray: pip install 'dtg_gpu[ray]'") from None
 
-from ..engine import Unit, resolve_device
-from ..executors import Job, SolveSettings, UnitResult, solve_unit, store
+from .._engine import Unit, resolve_device
+from .._executors import Job, SolveSettings, UnitResult, solve_unit, store
 from ..feature_cache import FeatureCache
 
 __all__ = ["ray_session", "solve_jobs", "train_batches", "task_resources"]

@@ -2,7 +2,7 @@ r"""Where a sweep's graphs are solved: units of whole runs, the cache, local or 
 
 :func:`featurize_runs` is the work behind :func:`~dtg_gpu.featurize` and
 :func:`~dtg_gpu.workflow.featurize_sweep`. Runs are grouped by architecture; each group is
-split into units of whole runs (:func:`~dtg_gpu.engine.plan_units`); a unit whose runs all
+split into units of whole runs (:func:`~dtg_gpu._engine.plan_units`); a unit whose runs all
 have a cache entry is read back (:mod:`~dtg_gpu.feature_cache`), the others are solved here
 (``executor="local"``: one pipelined pass, the next chunk read while this one solves) or as
 Ray tasks (``executor="ray"``: :mod:`dtg_gpu.integrations.ray_cluster`). Both paths solve
@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import torch
 
+from ._engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
 from .centrality import Method
 from .checkpoints import Run
-from .engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
 from .feature_cache import CachedRun, FeatureCache, architecture_signature, unit_key
 from .layout import StatisticsLayout
 from .statistics import layer_node_groups, layer_statistics, timestep_statistics

@@ -370,7 +370,9 @@ def _read_weights(chunk, topology: ChannelTopology) -> tuple[list, list]:
     errors: list[str | None] = []
     for run, t in chunk:
         try:
-            weights.append(run.weights(t, topology))
+            # another layout of the run's model (batch norm folded) is passed on; a plain read stays
+            # run.weights(t), which Run subclasses may override with one argument
+            weights.append(run.weights(t) if topology is run.topology else run.weights(t, topology))
             errors.append(None)
         except READ_ERRORS as exc:
             nan = torch.tensor(float("nan"))
