@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,8 +71,9 @@ def _check_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @dataclass
-class GraphBatchResult:
-    """Per graph (``[G]`` rows, in the order asked): the centrality and its flags."""
+class SolvedGraphs:
+    """Per graph (``[G]`` rows, in the order asked): the centrality and its flags. The fields
+    every solved batch has, here and in :class:`~dtg_gpu.AnalysisResult`."""
 
     centrality: torch.Tensor  # [G, N]
     eigenvalue: torch.Tensor  # [G]
@@ -81,6 +82,16 @@ class GraphBatchResult:
     converged: torch.Tensor  # [G] bool
     finite: torch.Tensor  # [G] bool: weights were all finite
     connected: torch.Tensor  # [G] bool: positive-weight graph is connected (Perron vector unique)
+
+    def solved_fields(self) -> dict[str, torch.Tensor]:
+        """The shared fields, by name (to build another result from this one)."""
+        return {f.name: getattr(self, f.name) for f in fields(SolvedGraphs)}
+
+
+@dataclass
+class GraphBatchResult(SolvedGraphs):
+    """A solved batch, with why each unreadable checkpoint could not be read."""
+
     error: list  # [G] str | None: why the checkpoint could not be read (row is NaN)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-from ._engine import READ_ERRORS, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
+from ._engine import READ_ERRORS, SolvedGraphs, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
 from ._executors import SolveSettings, default_cache, featurize_runs
 from .centrality import Method, attainable_tol
 from .checkpoints import Run
@@ -25,7 +25,7 @@ __all__ = ["AnalysisResult", "analyze", "featurize"]
 
 
 @dataclass
-class AnalysisResult:
+class AnalysisResult(SolvedGraphs):
     r"""Everything :func:`analyze` learns about one run.
 
     Attributes
@@ -47,13 +47,6 @@ class AnalysisResult:
 
     run: Run
     topology: ChannelTopology
-    centrality: torch.Tensor
-    eigenvalue: torch.Tensor
-    residual: torch.Tensor
-    iterations: torch.Tensor
-    converged: torch.Tensor
-    finite: torch.Tensor
-    connected: torch.Tensor
     stats: torch.Tensor
     features: torch.Tensor
     alpha: float
@@ -89,16 +82,11 @@ class AnalysisResult:
 
     def table(self):
         """One row per timestep: statistics, smoothed statistics and solver flags (pandas)."""
-        import pandas as pd
-
         t = len(self)
-        smoothed = self.features.reshape(t, len(STATISTICS))
-        data: dict[str, Any] = {"run": [self.run.name] * t, "t": list(range(t))}
-        for i, s in enumerate(STATISTICS):
-            data[s] = self.stats[:, i].tolist()
-        for i, s in enumerate(STATISTICS):
-            data[f"{s}_smoothed"] = smoothed[:, i].tolist()
-        data.update(
+        return statistics_frame(
+            self.stats[None],
+            self.features.reshape(1, t, len(STATISTICS)),
+            {"run": [self.run.name]},
             eigenvalue=self.eigenvalue.tolist(),
             residual=self.residual.tolist(),
             iterations=self.iterations.tolist(),
@@ -106,7 +94,6 @@ class AnalysisResult:
             finite=self.finite.tolist(),
             connected=self.connected.tolist(),
         )
-        return pd.DataFrame(data)
 
     def to_dict(self) -> dict:
         """Plain-Python summary (JSON-serialisable): per-timestep table and settings."""
@@ -213,13 +200,7 @@ def analyze(
     return AnalysisResult(
         run=run,
         topology=topo,
-        centrality=out.centrality,
-        eigenvalue=out.eigenvalue,
-        residual=out.residual,
-        iterations=out.iterations,
-        converged=out.converged,
-        finite=out.finite,
-        connected=out.connected,
+        **out.solved_fields(),
         stats=stats,
         features=temporal_features(stats, alpha),
         alpha=alpha,
@@ -331,6 +312,28 @@ def featurize(
     )
     warn_failures(failures, stacklevel=3)
     return (feats, stats) if return_stats else feats
+
+
+def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[str, list], **per_row: list):
+    """The tidy per-timestep table shared by :meth:`AnalysisResult.table` and
+    :meth:`~dtg_gpu.workflow.SweepFeatures.table` (pandas): one row per (run, t) with the
+    ``per_run`` columns (one value per run, repeated; ``t`` after the first), the five
+    statistics, the smoothed ones, then the ``per_row`` columns (one value per row)."""
+    import pandas as pd
+
+    r, t = int(stats.shape[0]), int(stats.shape[1])
+    data: dict[str, Any] = {}
+    for j, (name, values) in enumerate(per_run.items()):
+        data[name] = [v for v in values for _ in range(t)]
+        if j == 0:  # the run's name, then t
+            data["t"] = list(range(t)) * r
+    flat, flat_smooth = stats.reshape(r * t, -1), smoothed.reshape(r * t, -1)
+    for i, s in enumerate(STATISTICS):
+        data[s] = flat[:, i].double().tolist()
+    for i, s in enumerate(STATISTICS):
+        data[f"{s}_smoothed"] = flat_smooth[:, i].double().tolist()
+    data.update(per_row)
+    return pd.DataFrame(data)
 
 
 def warn_failures(failures: dict[str, str], stacklevel: int = 2) -> None:

@@ -89,28 +89,14 @@ class SweepFeatures:
     def table(self):
         """Tidy per-timestep table of the whole sweep (pandas): one row per (run, t) with the
         raw and smoothed statistics and the run's lr, dropout, seed, status, final accuracy."""
-        import pandas as pd
-
-        from .statistics import STATISTICS
+        from .analysis import statistics_frame
 
         r, t, _ = self.stats.shape
         smooth = temporal_features(self.stats, self.alpha).reshape(r, t, 5)
-        rows = []
-        for i, run in enumerate(self.runs):
-            for j in range(t):
-                row = {
-                    "run": run.name,
-                    "t": j,
-                    "lr": run.meta.get("lr"),
-                    "dropout": run.meta.get("dropout"),
-                    "seed": run.meta.get("seed"),
-                    "status": run.meta.get("status"),
-                    "final_accuracy": self.accuracies[i],
-                }
-                row.update({s: float(self.stats[i, j, k]) for k, s in enumerate(STATISTICS)})
-                row.update({f"{s}_smoothed": float(smooth[i, j, k]) for k, s in enumerate(STATISTICS)})
-                rows.append(row)
-        return pd.DataFrame(rows)
+        per_run: dict[str, list] = {"run": [run.name for run in self.runs]}
+        per_run.update({key: [run.meta.get(key) for run in self.runs] for key in ("lr", "dropout", "seed", "status")})
+        per_run["final_accuracy"] = [float(a) for a in self.accuracies]
+        return statistics_frame(self.stats, smooth, per_run)
 
 
 def featurize_sweep(
