@@ -12,7 +12,7 @@ import torch
 
 from ._engine import READ_ERRORS, SolvedGraphs, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
 from ._executors import SolveSettings, default_cache, featurize_runs
-from .centrality import Method, attainable_tol
+from .centrality import Method, attainable_tol, check_solver_args
 from .checkpoints import Run
 from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
 from .features import check_alpha, temporal_features
@@ -107,15 +107,6 @@ class AnalysisResult(SolvedGraphs):
         }
 
 
-def _check_common(tol, max_iter, method) -> None:
-    if not (isinstance(tol, (int, float)) and tol > 0):
-        raise ValueError(f"tol must be a positive number, got {tol!r}")
-    if not (isinstance(max_iter, int) and max_iter >= 1):
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
-    if method not in ("auto", "lanczos", "networkx"):
-        raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
-
-
 def analyze(
     run: Run,
     alpha: float = 0.5,
@@ -180,7 +171,7 @@ def analyze(
     if len(run) == 0:
         raise ValueError(f"run {run.name!r} has no checkpoints")
     alpha = check_alpha(alpha)
-    _check_common(tol, max_iter, method)
+    check_solver_args(tol, max_iter, method)
     dev = resolve_device(device)
     topo = run.topology.folded if fold_batchnorm else run.topology
     out = solve_timesteps(
@@ -381,7 +372,7 @@ def featurize_with_failures(
     if not runs:
         raise ValueError("featurize needs at least one run; the sweep is empty")
     alpha = check_alpha(alpha)
-    _check_common(tol, max_iter, method)
+    check_solver_args(tol, max_iter, method)
     shortest = min(runs, key=len)
     k = len(shortest) if timesteps is None else timesteps
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:

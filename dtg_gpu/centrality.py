@@ -28,8 +28,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 
 __all__ = ["EigenResult", "solve_perron", "eigenvector_centrality", "attainable_tol"]
@@ -61,6 +62,27 @@ class EigenResult:
     residual: torch.Tensor
     iterations: torch.Tensor
     converged: torch.Tensor
+
+
+METHODS = ("auto", "lanczos", "networkx")
+
+
+def check_solver_args(tol: Any, max_iter: Any, method: Any) -> None:
+    """The solver's arguments, checked once for every entry point (:func:`solve_perron`,
+    :func:`~dtg_gpu.analyze`, :func:`~dtg_gpu.featurize`).
+
+    Raises
+    ------
+    ValueError
+        ``tol`` not a positive number, ``max_iter`` not a positive integer, or an unknown
+        ``method``; the message names the argument and the value.
+    """
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating)) or not tol > 0:
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -338,10 +360,7 @@ def solve_perron(
     -------
     EigenResult
     """
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol!r}")
-    if int(max_iter) < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter!r}")
+    check_solver_args(tol, max_iter, method)
     if method in ("auto", "lanczos"):
         square = getattr(matvec, "bipartite_square", None) if bipartite is not False else None
         square = square() if square is not None and int(max_iter) >= 2 and bool(mask.all()) else None
@@ -355,10 +374,8 @@ def solve_perron(
             res = _lanczos_bipartite(square, attainable_tol(tol, dtype), int(max_iter), int(ncv))
         else:
             res = _lanczos(matvec, mask, attainable_tol(tol, dtype), int(max_iter), int(ncv))
-    elif method == "networkx":
+    else:  # "networkx"
         res = _networkx_power(matvec, mask, tol, int(max_iter))
-    else:
-        raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
     res.vector = _sign_fix(res.vector)
     scale = _operator_scale(matvec, mask.shape[0], mask.device)
     res.eigenvalue = (res.eigenvalue.double() * scale).to(res.eigenvalue.dtype)
