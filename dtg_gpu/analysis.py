@@ -6,7 +6,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 
@@ -207,6 +207,50 @@ def analyze(
     )
 
 
+@overload
+def featurize(
+    runs: Sequence[Run],
+    timesteps: int | None = None,
+    alpha: float = 0.5,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    chunk_size: int | None = None,
+    progress: bool = False,
+    return_stats: Literal[False] = False,
+    eigenvalue: bool = False,
+    per_layer: bool = False,
+    strict: bool = False,
+    *,
+    fold_batchnorm: bool = False,
+    covariates: Sequence[str] = (),
+) -> torch.Tensor: ...
+
+
+@overload
+def featurize(
+    runs: Sequence[Run],
+    timesteps: int | None = None,
+    alpha: float = 0.5,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    method: Method = "auto",
+    chunk_size: int | None = None,
+    progress: bool = False,
+    return_stats: Literal[True] = ...,
+    eigenvalue: bool = False,
+    per_layer: bool = False,
+    strict: bool = False,
+    *,
+    fold_batchnorm: bool = False,
+    covariates: Sequence[str] = (),
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def featurize(
     runs: Sequence[Run],
     timesteps: int | None = None,
@@ -225,7 +269,7 @@ def featurize(
     *,
     fold_batchnorm: bool = False,
     covariates: Sequence[str] = (),
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Temporal features of many runs: ``[len(runs), 5·k]``.
 
     Runs that share an architecture are solved together, ``runs·k`` graphs per batch
