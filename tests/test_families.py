@@ -340,11 +340,13 @@ def test_cli_fold_batchnorm_and_covariates_train_then_predict(tmp_path, capsys):
     assert (
         main(
             ["train", str(sweep), "--fold-batchnorm", "--covariates", "lr", "dropout", "--epochs", "20"]
-            + ["--out", str(pred)]
+            + ["--auto", "--out", str(pred)]
         )
         == 0
     )
-    fs = PerformancePredictor.load(pred).feature_settings
+    loaded = PerformancePredictor.load(pred)
+    fs = loaded.feature_settings
+    assert loaded.auto and loaded.scaling_ in ("standard", "quantile")
     assert fs["fold_batchnorm"] is True and fs["covariates"] == ["lr", "dropout"]
     capsys.readouterr()
     assert main(["predict", str(pred), str(sweep / "run-0000"), str(sweep / "run-0003")]) == 0

@@ -409,6 +409,12 @@ def _scaling(p):
         help="train the MLP on the M features with the largest ANOVA F between the classes "
         "in the training split (option beyond the method; default: all features)",
     )
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="option beyond the method: choose the scaling and --select by 3-fold cross-validation "
+        "inside each training split (nested; overrides --scaling and --select)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -459,6 +465,7 @@ def _train_run(a) -> int:
         epochs=a.epochs,
         random_state=a.seed,
         scaling=a.scaling,
+        auto=a.auto,
         select=a.select,
         feature_settings={
             "alpha": a.alpha,
@@ -582,7 +589,7 @@ def _evaluate_run(a) -> int:
         a.features,
         threshold=_threshold(a.threshold),
         repeats=a.repeats,
-        clf=PerformancePredictor(scaling=a.scaling, select=a.select),
+        clf=PerformancePredictor(scaling=a.scaling, select=a.select, auto=a.auto),
         covariates=a.covariates,
     )
     if a.report:
