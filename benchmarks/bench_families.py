@@ -83,6 +83,28 @@ def auto_inputs(sf, sff, k: int) -> tuple[np.ndarray, dict[str, list[int]]]:
     return np.hstack([dtg, per, cov]), sets
 
 
+def label_noise(runs, threshold: float) -> dict:
+    """How much of the label the last epochs decide: for each of the last 5 checkpoints, how
+    often "validation accuracy there >= threshold" agrees with the label (final test accuracy
+    >= threshold); the mean epoch-to-epoch change of validation accuracy over the last 3; and
+    the spread of final accuracy across the seeds of one configuration."""
+    from collections import defaultdict
+
+    val = np.array([[c.get("val_accuracy", np.nan) for c in r.meta.get("checkpoints", [])] for r in runs], dtype=float)
+    final = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs], dtype=float)
+    y = final >= threshold
+    T = val.shape[1]
+    agree = {int(t + 1): float(np.mean((val[:, t] >= threshold) == y)) for t in range(max(0, T - 5), T)}
+    seeds = defaultdict(list)
+    for r, f in zip(runs, final):
+        seeds[(r.meta.get("lr"), r.meta.get("dropout"))].append(f)
+    return {
+        "val_label_agreement": agree,
+        "last_epochs_mean_abs_change": float(np.nanmean(np.abs(np.diff(val[:, -4:], axis=1)))),
+        "seed_std_of_final_accuracy": float(np.nanmean([np.nanstd(v) for v in seeds.values()])),
+    }
+
+
 def _score(s: dict) -> dict:
     return {m: {q: s[m][q] for q in ("mean", "ci_low", "ci_high")} for m in ("precision", "roc_auc")}
 
@@ -162,6 +184,7 @@ def run(a) -> None:
             "positives": int(y.sum()),
             "batchnorm": sff is not None,
             "hyperparameter_oracle": hyperparameter_oracle(ok, y),
+            "label_noise": label_noise(ok, th),
         }
         for k in ks:
             for row, X in matrices(sf, sff, k).items():
@@ -207,6 +230,18 @@ def markdown(results: dict) -> str:
             f"same lr and dropout): precision {o['precision']:.3f}, AUC {o['roc_auc']:.3f}; "
             f"{o['configs_seeds_disagree']} of {o['configs']} configurations have seeds on both sides of the label.",
             "",
+        ]
+        if e.get("label_noise"):
+            n = e["label_noise"]
+            agree = ", ".join(f"epoch {t}: {v:.2f}" for t, v in n["val_label_agreement"].items())
+            lines += [
+                f"How much the last epochs decide the label: validation accuracy >= {th} at a checkpoint agrees "
+                f"with the label in {agree}; validation accuracy moves {n['last_epochs_mean_abs_change']:.3f} "
+                f"per epoch over the last three; final accuracy varies by {n['seed_std_of_final_accuracy']:.3f} "
+                "(std) across the seeds of one configuration.",
+                "",
+            ]
+        lines += [
             "| features | " + " | ".join(f"k={k}" + (" (25 %)" if k == e["k25"] else "") for k in ks) + " |",
             "|---|" + "---|" * len(ks),
         ]
