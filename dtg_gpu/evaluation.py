@@ -25,12 +25,12 @@ from sklearn.metrics import (
 
 from .predictor import split_runs
 
-__all__ = ["METRICS", "evaluate", "summarise"]
+__all__ = ["METRICS", "evaluate", "summarize"]
 
 METRICS = ("precision", "recall", "f1", "accuracy", "roc_auc", "average_precision")
 
 
-def summarise(values) -> dict[str, Any]:
+def summarize(values) -> dict[str, Any]:
     """Mean, std, 95 % t-interval and the raw values of one metric (NaNs ignored)."""
     v = np.asarray(values, dtype=float)
     f = v[np.isfinite(v)]
@@ -130,7 +130,7 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
         cm += confusion_matrix(yt, pred, labels=order)
         pooled_true.append(yt == positive)
         pooled_score.append(proba)
-    out: dict[str, Any] = {m: summarise(v) for m, v in values.items()}
+    out: dict[str, Any] = {m: summarize(v) for m, v in values.items()}
     out["confusion_matrix"] = cm.tolist()
     t, s = np.concatenate(pooled_true), np.concatenate(pooled_score)
     if np.unique(t).size == 2:
@@ -140,3 +140,6 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
         out["roc"] = {"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}
     out["repeats"] = int(repeats)
     return out
+
+
+summarise = summarize  # the spelling before 0.1.0: one spelling now, as analyze and featurize
