@@ -39,9 +39,6 @@ from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep  # noqa: E402
 from dtg_gpu.workflow import compare, featurize_sweep  # noqa: E402
 
-LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
-VGG_LRS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1)  # where a plain narrow VGG trains at all
-DROPOUTS = (0.0, 0.25, 0.5, 0.75)
 NAMES = [
     "dtg",
     "weight_stats",
@@ -55,29 +52,11 @@ NAMES = [
 
 
 def sweeps(quick: bool) -> dict[str, SweepConfig]:
+    """The benchmark's plain-CNN sweeps: ``dtg sweep``'s presets (one seed with ``quick``)."""
     seeds = 1 if quick else 3
     return {
-        "lenet5": SweepConfig(
-            model="lenet5",
-            dataset="digits",
-            lrs=LRS,
-            dropouts=DROPOUTS,
-            seeds=seeds,
-            epochs=20,
-            checkpoint_every=1,
-            checkpoint_unit="epoch",
-        ),
-        "vgg11n": SweepConfig(
-            model="vgg11",
-            dataset="digits",
-            lrs=VGG_LRS,
-            dropouts=DROPOUTS,
-            seeds=seeds,
-            epochs=20,
-            checkpoint_every=1,
-            checkpoint_unit="epoch",
-            model_kwargs={"width": 1 / 16},
-        ),
+        "lenet5": SweepConfig.preset("lenet5-digits", seeds=seeds),
+        "vgg11n": SweepConfig.preset("vgg11-digits", seeds=seeds),
     }
 
 
