@@ -279,11 +279,16 @@ def main(argv=None):
     p.add_argument("--threshold", type=float, default=0.9, help="with --families: the label's accuracy cut")
     p.add_argument("--jobs", type=int, default=2, help="with --families: evaluations run in parallel")
     p.add_argument("--cross-repeats", type=int, default=20, help="with --families: MLP seeds of the cross-sweep check")
+    p.add_argument(
+        "--smooth-label",
+        action="store_true",
+        help="with --families: only the ResNet check with the label from the last three validation accuracies",
+    )
     a = p.parse_args(argv)
     if a.families:
         import bench_families
 
-        return bench_families.run(a)
+        return bench_families.smooth_label(a) if a.smooth_label else bench_families.run(a)
     if a.focus:
         return focus(a)
     repeats = a.repeats or (5 if a.quick else 20)
