@@ -322,3 +322,16 @@ def test_cache_sees_a_rewritten_file_inside_a_hugging_face_checkpoint_folder(tmp
     _time.sleep(0.01)
     save_file({k: v + 1 for k, v in net.state_dict().items()}, str(tmp_path / "checkpoint-2" / "model.safetensors"))
     assert unit_key([run], 2, 2, {}, "sig", tmp_path) != before
+
+
+def test_ray_folds_batch_norm_as_the_local_path_does(local_ray, tmp_path):
+    """fold_batchnorm reaches the tasks: a worker traces the architecture again and folds it."""
+    cfg = SweepConfig(
+        **{**TINY, "model": "resnet20", "lrs": (0.05, 0.2), "dropouts": (0.0,), "model_kwargs": {"width": 2}}
+    )
+    path = run_sweep(cfg, tmp_path / "res", progress=False, device="cpu")
+    local = featurize_sweep(load_sweep(path), cache=False, device="cpu", fold_batchnorm=True)
+    remote = featurize_sweep(load_sweep(path), cache=False, device="cpu", executor="ray", fold_batchnorm=True)
+    same_features(local, remote)
+    plain = featurize_sweep(load_sweep(path), cache=False, device="cpu")
+    assert not torch.allclose(plain.stats, local.stats)
