@@ -49,36 +49,37 @@ def _has_batchnorm(sf) -> bool:
 
 
 def matrices(sf, sff, k: int) -> dict[str, np.ndarray]:
-    """Every row's feature matrix at ``k`` (``sff``: batch norm folded, or None)."""
-    out = dict(feature_sets(sf, k, ["dtg", "dtg_per_layer", "dtg_per_layer+eigenvalue"]))
-    if sff is not None:
-        for name, X in feature_sets(sff, k, ["dtg", "dtg_per_layer+eigenvalue"]).items():
-            out[f"{name} [fold]"] = X
-    out["dtg+cov"] = feature_sets(sf, k, ["dtg"], covariates=COV)["dtg"]
-    best = sff if sff is not None else sf
-    out["dtg_per_layer+eigenvalue+cov" + (" [fold]" if sff is not None else "")] = feature_sets(
-        best, k, ["dtg_per_layer+eigenvalue"], covariates=COV
-    )["dtg_per_layer+eigenvalue"]
+    """Every row's feature matrix at ``k`` (``sff``: batch norm folded, or None). Each
+    baseline is computed once (the weight statistics read every run's checkpoint); the
+    ``+cov`` rows append the covariate columns to it."""
+    fold = " [fold]" if sff is not None else ""
+    dtg = feature_sets(sf, k, ["dtg", "dtg_per_layer", "dtg_per_layer+eigenvalue"])
+    folded = feature_sets(sff, k, ["dtg", "dtg_per_layer+eigenvalue"]) if sff is not None else {}
     base = feature_sets(sf, k, ["weight_stats", "spectral", "learning_curve", "covariates"])
-    out["weight_stats"] = base["weight_stats"]
-    out["weight_stats+cov"] = feature_sets(sf, k, ["weight_stats"], covariates=COV)["weight_stats"]
-    out["spectral"] = base["spectral"]
-    out["learning_curve"] = base["learning_curve"]
-    out["covariates"] = base["covariates"]
-    return out
+    cov = base["covariates"]
+    per = folded.get("dtg_per_layer+eigenvalue", dtg["dtg_per_layer+eigenvalue"])
+    return {
+        **dtg,
+        **{f"{name} [fold]": X for name, X in folded.items()},
+        "dtg+cov": np.hstack([dtg["dtg"], cov]),
+        f"dtg_per_layer+eigenvalue+cov{fold}": np.hstack([per, cov]),
+        "weight_stats": base["weight_stats"],
+        "weight_stats+cov": np.hstack([base["weight_stats"], cov]),
+        "spectral": base["spectral"],
+        "learning_curve": base["learning_curve"],
+        "covariates": cov,
+    }
 
 
-def auto_inputs(sf, sff, k: int) -> tuple[np.ndarray, dict[str, list[int]]]:
-    """One matrix and the column sets ``auto`` chooses among."""
-    best = sff if sff is not None else sf
-    dtg = feature_sets(sf, k, ["dtg"])["dtg"]
-    per = feature_sets(best, k, ["dtg_per_layer+eigenvalue"])["dtg_per_layer+eigenvalue"]
-    cov = feature_sets(sf, k, ["covariates"])["covariates"]
+def auto_inputs(m: dict[str, np.ndarray], folded: bool) -> tuple[np.ndarray, dict[str, list[int]]]:
+    """One matrix and the column sets ``auto`` chooses among, from :func:`matrices`' ``m``."""
+    fold = " [fold]" if folded else ""
+    dtg, per, cov = m["dtg"], m[f"dtg_per_layer+eigenvalue{fold}"], m["covariates"]
     a, b = dtg.shape[1], per.shape[1]
     sets = {
         "dtg": list(range(a)),
-        "dtg_per_layer+eigenvalue" + (" [fold]" if sff is not None else ""): list(range(a, a + b)),
-        "dtg_per_layer+eigenvalue+cov" + (" [fold]" if sff is not None else ""): list(range(a, a + b + cov.shape[1])),
+        f"dtg_per_layer+eigenvalue{fold}": list(range(a, a + b)),
+        f"dtg_per_layer+eigenvalue+cov{fold}": list(range(a, a + b + cov.shape[1])),
     }
     return np.hstack([dtg, per, cov]), sets
 
@@ -187,9 +188,11 @@ def run(a) -> None:
             "label_noise": label_noise(ok, th),
         }
         for k in ks:
-            for row, X in matrices(sf, sff, k).items():
+            m = matrices(sf, sff, k)
+            for row, X in m.items():
                 jobs.append((name, row, k, PerformancePredictor(), X[sf.usable], y))
-        X, sets = auto_inputs(sf, sff, k25)
+            if k == k25:
+                X, sets = auto_inputs(m, sff is not None)
         jobs.append((name, "auto", k25, PerformancePredictor(auto=True, column_sets=sets), X[sf.usable], y))
     t0 = time.perf_counter()
     done = Parallel(n_jobs=a.jobs, verbose=0)(

@@ -389,8 +389,10 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if self.auto:
             self.scaling_, self.select_, self.columns_ = self._search(X[finite], y_enc[finite])
         seed = self._seed()
-        self._prepare(X[finite][:, self.columns_], y_enc[finite])
-        self._train(X[finite][:, self.columns_], y_enc[finite], seed)
+        Xc = X[:, self.columns_]
+        rows = np.isfinite(Xc).all(1)  # as predict_proba judges them: on the columns read
+        self._prepare(Xc[rows], y_enc[rows])
+        self._train(Xc[rows], y_enc[rows], seed)
         return self
 
     def _seed(self) -> int:
