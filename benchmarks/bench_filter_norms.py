@@ -9,6 +9,13 @@ conv weight on this machine, each timed as the best of 15, in GB/s of the weight
 * ``chunked mul + sum``: the same through a cache-sized buffer, 32,768 rows at a time;
 * ``square + mv``: ``torch.mv(w.square(), ones(9))``.
 
+Then the products with a filter-norm block ``B [G, out, in]`` that a Lanczos step takes,
+``B x`` and ``Bᵀ y``: ``B x`` as a batched matrix × column vector, as ``xᵀ Bᵀ`` through the
+transposed *view* (what ``BlockOperator`` does on CPU), and as ``xᵀ`` times a transposed
+contiguous copy (``BlockOperator(transposed_copy=True)``), with the copy's own cost and the
+number of products after which it pays. Last, ``analyze`` end to end on CIFAR VGG checkpoints
+both ways (the engine's operator patched to make the copy), alternated three times.
+
 Usage: python benchmarks/bench_filter_norms.py [--out benchmarks/results] [--threads 2]
 """
 
@@ -77,11 +84,122 @@ def main(argv=None) -> None:
         "| way | ms | GB/s | × read |",
         "|---|---|---|---|",
     ] + [f"| {r['way']} | {r['ms']} | {r['GB/s']} | {r['ms'] / read:.1f} |" for r in rows]
+    products = product_forms()
+    lines += [
+        "",
+        "Products with a block `B [G, out, in]` (ms, best of 15): `B x` as matrix × column, as `xᵀ Bᵀ` on the "
+        "transposed view (BlockOperator on CPU), as `xᵀ` × a transposed contiguous copy; the copy's cost; "
+        "after how many products the copy pays (`copy / (view - with copy)`).",
+        "",
+        "| G × out × in | dtype | column | view | with copy | copy | copy pays after |",
+        "|---|---|---|---|---|---|---|",
+    ] + [
+        f"| {r['shape']} | {r['dtype']} | {r['column']} | {r['view']} | {r['with_copy']} | {r['copy']} | "
+        f"{r['pays_after']} |"
+        for r in products
+    ]
+    ends = end_to_end()
+    lines += [
+        "",
+        "`analyze` end to end (ms per graph, best of 3 alternated runs; random-walk checkpoints of CIFAR VGG): "
+        "products on the transposed view against a transposed copy per block; max |Δ centrality| between them.",
+        "",
+        "| model | T | dtype | view | copy | max abs diff |",
+        "|---|---|---|---|---|---|",
+    ] + [
+        f"| {r['model']} | {r['T']} | {r['dtype']} | {r['view']} | {r['copy']} | {r['max_abs_diff']:.1e} |"
+        for r in ends
+    ]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {"norms": rows, "products": products, "analyze": ends}  # type: ignore[assignment]
     (out_dir / "filter_norms_cpu.json").write_text(json.dumps(rows, indent=2))
     (out_dir / "filter_norms_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def product_forms() -> list[dict]:
+    """``B x`` three ways on the block shapes of LeNet-5 (T = 1,920 graphs of a sweep), CIFAR
+    VGG (512 × 512, 4096 × 512) and a classifier (10 × 4096)."""
+    rows = []
+    for dtype in (torch.float32, torch.float64):
+        for shape in [(1920, 120, 400), (10, 512, 512), (50, 512, 512), (10, 4096, 512), (10, 10, 4096)]:
+            g = torch.Generator().manual_seed(0)
+            b = torch.rand(*shape, generator=g, dtype=dtype)
+            bt = b.mT.contiguous()
+            x = torch.rand(shape[0], shape[2], generator=g, dtype=dtype)
+            column = _best(lambda: torch.bmm(b, x.unsqueeze(-1)))
+            view = _best(lambda: torch.bmm(x.unsqueeze(1), b.mT))
+            with_copy = _best(lambda: torch.bmm(x.unsqueeze(1), bt))
+            copy = _best(lambda: b.mT.contiguous())
+            pays = copy / (view - with_copy) if view > with_copy else float("inf")
+            rows.append(
+                {
+                    "shape": " × ".join(map(str, shape)),
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "column": round(column * 1e3, 3),
+                    "view": round(view * 1e3, 3),
+                    "with_copy": round(with_copy * 1e3, 3),
+                    "copy": round(copy * 1e3, 3),
+                    "pays_after": round(pays) if pays != float("inf") else "never",
+                }
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+def end_to_end() -> list[dict]:
+    """``analyze`` with products on the transposed view (the default) and with a transposed
+    copy of every block (the engine's ``BlockOperator`` patched), alternated."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_centrality import build_model
+
+    import dtg_gpu
+    import dtg_gpu._engine as engine
+
+    made = engine.BlockOperator
+    rows = []
+    for name, t in (("vgg16", 10), ("vgg11", 50)):
+        model = build_model(name)
+        g = torch.Generator().manual_seed(0)
+        ckpts = [
+            {
+                k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                for k, v in model.state_dict().items()
+            }
+            for _ in range(t)
+        ]
+        run = dtg_gpu.Run(model=model, checkpoints=ckpts)
+        for dtype in (torch.float32, torch.float64):
+            dtg_gpu.analyze(dtg_gpu.Run(model=model, checkpoints=ckpts[:1]), device="cpu", dtype=dtype)
+            times: dict[str, list[float]] = {"view": [], "copy": []}
+            cent = {}
+            for _ in range(3):
+                for mode in ("view", "copy"):
+                    engine.BlockOperator = (  # type: ignore[misc]
+                        made if mode == "view" else (lambda *a, **k: made(*a, transposed_copy=True, **k))
+                    )
+                    try:
+                        s = time.perf_counter()
+                        cent[mode] = dtg_gpu.analyze(run, device="cpu", dtype=dtype).centrality
+                        times[mode].append((time.perf_counter() - s) / t)
+                    finally:
+                        engine.BlockOperator = made  # type: ignore[misc]
+            rows.append(
+                {
+                    "model": f"cifar_{name}",
+                    "T": t,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "view": round(min(times["view"]) * 1e3, 2),
+                    "copy": round(min(times["copy"]) * 1e3, 2),
+                    "max_abs_diff": float((cent["view"] - cent["copy"]).abs().max()),
+                }
+            )
+            print(rows[-1], flush=True)
+    return rows
 
 
 if __name__ == "__main__":

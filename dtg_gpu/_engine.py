@@ -226,7 +226,9 @@ def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -
     item = torch.finfo(dtype).bits // 8
     sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
     # the next chunk's checkpoints while its blocks are built in the background, blocks
-    # three times (this chunk, its transposed copy on CPU, the next chunk) + Lanczos vectors
+    # three times (this chunk, the next chunk, and a slot once taken by a transposed copy on
+    # CPU: kept, since the chunk size fixes the batches and so the last bits of every
+    # result and the feature cache's keys) + Lanczos vectors
     per_graph = item * (sum(sizes) + 3 * topology.num_edges + (LANCZOS_VECTORS + 4) * topology.num_nodes)
     return max(1, int(budget // max(per_graph, 1)))
 

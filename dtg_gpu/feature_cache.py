@@ -8,7 +8,7 @@ file per run, atomically, as soon as it is solved::
 
 The key is a SHA-256 of everything the numbers depend on:
 
-- the library version and the solver settings (``k``, dtype, ``tol``, ``max_iter``,
+- the library version, the solver's revision and the solver settings (``k``, dtype, ``tol``, ``max_iter``,
   ``method``, the per-layer and eigenvalue options);
 - the unit: its chunk size and, for every run in it, the name, the architecture's
   signature, the key prefix and each checkpoint file's identity (path relative to the sweep
@@ -46,6 +46,9 @@ __all__ = ["CACHE_DIRNAME", "CachedRun", "FeatureCache", "unit_key"]
 
 CACHE_DIRNAME = ".dtg-cache"
 FORMAT = "dtg_gpu.features/1"
+# Bumped whenever the solver's arithmetic changes (the last bits of a statistic can move), so
+# that no entry solved before is mixed with fresh ones. 2: B x as xᵀBᵀ on the transposed view.
+SOLVER_REVISION = 2
 MAX_ENTRY_BYTES = 64 << 20
 
 
@@ -98,6 +101,7 @@ def unit_key(
         {
             "format": FORMAT,
             "version": __version__,
+            "solver": SOLVER_REVISION,
             "settings": dict(settings),
             "k": int(k),
             "chunk": int(chunk),

@@ -192,12 +192,16 @@ class BlockOperator:
     topology : ChannelTopology
     blocks : sequence of Tensor ``[G, out, C/groups]``
         One filter-norm block per layer of ``topology`` (see :func:`filter_norms`).
-    transposed_copy : bool, optional
-        Also keep each ungrouped block transposed and contiguous, so that both products of
-        a layer are row-vector × matrix (``x^T B`` and ``x^T B^T``). On CPU a batched
-        matrix × *column* vector runs at ~4 GB/s against ~40 GB/s for the row-vector form
-        (measured, 2 cores), so this is ~2× faster overall for twice the block memory.
-        Default: on CPU only (GPU batched GEMV is bandwidth-bound either way).
+    transposed_copy : bool, default False
+        Also keep each ungrouped block transposed and contiguous for ``B x``. Without it, on
+        CPU both products of a layer are still row-vector × matrix: ``B x`` is taken as
+        ``xᵀ Bᵀ`` on the transposed *view* (BLAS reads ``B`` with its transpose flag), since
+        a batched matrix × *column* vector runs at ~5 GB/s against ~60 GB/s for the
+        row-vector form (2 cores). The view's product is 1.2–1.6× slower than the copy's, but
+        the copy costs about 20 products (``[10, 512, 512]`` float32: 3 ms against 0.15 ms),
+        and a Lanczos solve takes 6–15; the copy pays only for hundreds of iterations, and
+        doubles the block memory (``benchmarks/results/filter_norms_cpu.md``). On GPU
+        the column form is kept (batched GEMV is bandwidth-bound either way).
     scale : Tensor ``[G]``, optional
         The graphs' weights are ``blocks · scale`` (see :func:`dtg_gpu._engine.scaled_blocks`):
         the operator applies ``A / scale`` and solvers report eigenvalues in the units of
@@ -217,7 +221,7 @@ class BlockOperator:
         self,
         topology: ChannelTopology,
         blocks: Sequence[torch.Tensor],
-        transposed_copy: bool | None = None,
+        transposed_copy: bool = False,
         scale: torch.Tensor | None = None,
     ):
         if len(blocks) != len(topology.layers):
@@ -246,8 +250,7 @@ class BlockOperator:
                     diag = torch.zeros(self.num_graphs, self.num_nodes, dtype=self.dtype, device=self.device)
                 diag.index_add_(1, nodes.to(self.device), block.reshape(self.num_graphs, -1)[:, pos.to(self.device)])
         self._diag = diag
-        if transposed_copy is None:
-            transposed_copy = self.device.type == "cpu"
+        self._row_form = self.device.type == "cpu"
         self._blocks_t = [
             b.mT.contiguous() if transposed_copy and plan[0] == 1 else None for b, plan in zip(self.blocks, self._plan)
         ]
@@ -258,11 +261,15 @@ class BlockOperator:
         if block_t is not None:
             return torch.bmm(xin.unsqueeze(1), block_t).squeeze(1)
         if groups == 1:
+            if self._row_form:  # xᵀ Bᵀ through the transposed view: no copy (see transposed_copy)
+                return torch.bmm(xin.unsqueeze(1), block.mT).squeeze(1)
             return torch.bmm(block, xin.unsqueeze(-1)).squeeze(-1)
         g_count, out, cin = block.shape
         bg = block.view(g_count, groups, out // groups, cin)
         if cin == 1:  # depthwise: elementwise products
             return (bg.squeeze(-1) * xin.view(g_count, groups, 1)).reshape(g_count, out)
+        if self._row_form:
+            return torch.matmul(xin.view(g_count, groups, 1, cin), bg.mT).reshape(g_count, out)
         return torch.matmul(bg, xin.view(g_count, groups, cin, 1)).reshape(g_count, out)
 
     def layer_in(self, i: int, xout: torch.Tensor) -> torch.Tensor:

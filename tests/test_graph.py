@@ -26,16 +26,19 @@ def test_filter_norms_match_numpy():
         filter_norms(torch.randn(2, 120, 399), lin)
 
 
-@pytest.mark.parametrize("transposed_copy", [True, False])  # the CPU and the GPU product forms
+# B x from a transposed copy, as xᵀBᵀ on the transposed view (CPU), as B × column (GPU, run here too)
+@pytest.mark.parametrize("form", ["copy", "row view", "column"])
 @pytest.mark.parametrize("model_fn", [LeNet5, GroupedNet])
-def test_block_operator_equals_reference_adjacency(model_fn, transposed_copy, device):
+def test_block_operator_equals_reference_adjacency(model_fn, form, device):
     model = model_fn()
     topo = channel_topology(model)
     ckpts = make_checkpoints(model, t=3)
     blocks, finite = load_blocks(topo, ckpts, torch.device(device), torch.float64)
     assert finite.all()
-    op = BlockOperator(topo, blocks, transposed_copy=transposed_copy)
-    assert any(b is not None for b in op._blocks_t) == transposed_copy
+    op = BlockOperator(topo, blocks, transposed_copy=form == "copy")
+    assert any(b is not None for b in op._blocks_t) == (form == "copy")
+    assert op._row_form == (torch.device(device).type == "cpu")
+    op._row_form = form == "row view"
     x = torch.randn(3, topo.num_nodes, dtype=torch.float64, device=device)
     y = op(x).cpu().numpy()
     for t in range(3):
