@@ -48,14 +48,20 @@ def _as_array(x) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in x], dtype=float)
 
 
-def _records_from_stats(stats: torch.Tensor, weight_stats: Sequence[Sequence[float]]) -> list[dict]:
+def _statistics_block(s: torch.Tensor) -> dict:
+    return {"dtg": _floats(s[:5]), "per_layer": _floats(s[5:-1]), "log_eigenvalue": _floats(s[-1:])[0]}
+
+
+def _records_from_stats(
+    stats: torch.Tensor, weight_stats: Sequence[Sequence[float]], folded: torch.Tensor | None = None
+) -> list[dict]:
     s = stats.double()
+    f = folded.double() if folded is not None else None
     return [
         {
-            "dtg": _floats(s[t, :5]),
-            "per_layer": _floats(s[t, 5:-1]),
-            "log_eigenvalue": _floats(s[t, -1:])[0],
+            **_statistics_block(s[t]),
             "weight_stats": _floats(weight_stats[t]),
+            **({"folded": _statistics_block(f[t])} if f is not None else {}),
         }
         for t in range(s.shape[0])
     ]
@@ -79,15 +85,26 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     )
     if len(part) == 0:
         return []
-    _, stats, _ = featurize_with_failures(
-        [part], timesteps=len(part), eigenvalue=True, per_layer=True, device=device, strict=True
-    )
+
+    def solve(fold: bool) -> torch.Tensor:
+        _, stats, _ = featurize_with_failures(
+            [part],
+            timesteps=len(part),
+            eigenvalue=True,
+            per_layer=True,
+            device=device,
+            strict=True,
+            fold_batchnorm=fold,
+        )
+        return stats[0]
+
+    folds = any(layer.batchnorm for layer in part.topology.layers)
     params = part.topology.params
     ws = []
     for t in range(len(part)):
         w = part.weights(t)
         ws.append([v for p in params for v in tensor_statistics(w[p])])
-    return _records_from_stats(stats[0], ws)
+    return _records_from_stats(solve(False), ws, solve(True) if folds else None)
 
 
 def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None, device=None) -> dict:
@@ -108,7 +125,10 @@ def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] 
         ``dtg`` (the five statistics of the centrality vector), ``log_eigenvalue``
         (:math:`\log\lambda_1`), ``per_layer`` (the five statistics of each layer's nodes, see
         :func:`~dtg_gpu.statistics.layer_node_groups`), ``weight_stats`` (mean, std and five
-        quantiles of each weight layer). Non-finite numbers are ``None`` (JSON-able).
+        quantiles of each weight layer). Non-finite numbers are ``None`` (JSON-able). When the
+        network has batch norm to fold (see ``featurize(fold_batchnorm=True)``), ``folded``
+        holds ``dtg``, ``per_layer`` and ``log_eigenvalue`` of the graph of its
+        inference-time effective weights too (a second solve).
 
     Examples
     --------
@@ -124,7 +144,9 @@ def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] 
     return run_records(Run(model=model, checkpoints=[dict(state)]), device=device)[0]
 
 
-def _columns(rec: Mapping[str, Any], features: str) -> list:
+def _columns(rec: Mapping[str, Any], features: str, fold_batchnorm: bool = False) -> list:
+    if fold_batchnorm and rec.get("folded"):  # a net without batch norm to fold has no block
+        rec = rec["folded"]
     cols = list(rec.get("dtg") or [None] * 5)
     if features.startswith("dtg_per_layer"):
         cols += list(rec.get("per_layer") or [])
@@ -139,10 +161,13 @@ def feature_vector(
     features: str = "dtg",
     alpha: float = 0.5,
     values: Sequence[float | None] | None = None,
+    fold_batchnorm: bool = False,
 ) -> np.ndarray:
     """The feature of a run's first ``k`` checkpoint records: the method's temporal feature
     (``5·k`` numbers for ``"dtg"``), then the weight statistics of checkpoint ``k``
     (``"dtg+weight_stats"``), then the first ``k`` reported values when ``values`` is given.
+    ``fold_batchnorm``: the graph statistics of the records' ``folded`` block where they
+    have one (a network with batch norm to fold), as ``featurize(fold_batchnorm=True)``.
 
     Examples
     --------
@@ -154,7 +179,7 @@ def feature_vector(
         raise ValueError(f"features must be one of {', '.join(FEATURE_SETS)}; got {features!r}")
     if not 1 <= k <= len(records):
         raise ValueError(f"k must be in [1, {len(records)}], got {k!r}")
-    rows = [_as_array(_columns(r, features)) for r in records[:k]]
+    rows = [_as_array(_columns(r, features, fold_batchnorm)) for r in records[:k]]
     width = {len(r) for r in rows}
     if len(width) != 1:
         raise ValueError(
@@ -201,6 +226,7 @@ RULE_PARAMS = (
     "features",
     "use_values",
     "alpha",
+    "fold_batchnorm",
 )
 
 
@@ -244,6 +270,11 @@ class StoppingRule:
         used for training reported one at each of those checkpoints; ``False``: data-free.
     alpha : float, default 0.5
         Temporal reinforcement constant (the method).
+    fold_batchnorm : bool, default False
+        Learn from the graph of the inference-time effective weights (batch norm folded
+        into the layer before it, as ``featurize(fold_batchnorm=True)``) where the records
+        hold one (:func:`checkpoint_record`); a network without batch norm to fold is
+        unaffected. A given ``predictor`` uses its own ``feature_settings`` instead.
     C : float, default 1.0
         Inverse L2 strength of the online logistic regression.
     """
@@ -258,6 +289,7 @@ class StoppingRule:
     n_warmup_steps: int = 0
     use_values: Any = "auto"
     alpha: float = 0.5
+    fold_batchnorm: bool = False
     C: float = 1.0
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -286,6 +318,8 @@ class StoppingRule:
             raise ValueError(f"threshold must be 'median' or a finite number, got {self.threshold!r}")
         if self.use_values not in (True, False, "auto"):
             raise ValueError(f"use_values must be True, False or 'auto', got {self.use_values!r}")
+        if not isinstance(self.fold_batchnorm, bool):
+            raise ValueError(f"fold_batchnorm must be True or False, got {self.fold_batchnorm!r}")
         if not (isinstance(self.C, (int, float)) and self.C > 0):
             raise ValueError(f"C must be positive, got {self.C!r}")
         check_alpha(self.alpha)
@@ -296,6 +330,11 @@ class StoppingRule:
                 raise ValueError(
                     "predictor must be a fitted PerformancePredictor with feature_settings "
                     "(timesteps, alpha), as `dtg train` saves it"
+                )
+            if fs.get("covariates"):
+                raise ValueError(
+                    f"predictor was trained with covariates {list(fs['covariates'])} from run.json; "
+                    "a stopping rule judges a run from its checkpoints alone: train it without covariates"
                 )
 
     # ------------------------------------------------------------------ labels
@@ -325,7 +364,7 @@ class StoppingRule:
         if len(records) < k:
             return None
         feats = ("dtg_per_layer" if fs.get("per_layer") else "dtg") + ("+eigenvalue" if fs.get("eigenvalue") else "")
-        x = feature_vector(records, k, feats, float(fs.get("alpha", self.alpha)))
+        x = feature_vector(records, k, feats, float(fs.get("alpha", self.alpha)), None, bool(fs.get("fold_batchnorm")))
         return float(self.predictor.predict_proba(x[None, :])[0, list(self.predictor.classes_).index(1)])
 
     def probability(
@@ -373,7 +412,7 @@ class StoppingRule:
             self._cache[key] = model
         if model == "one-class":
             return None
-        x = feature_vector(records, k, self.features, self.alpha, values if use else None)
+        x = feature_vector(records, k, self.features, self.alpha, values if use else None, self.fold_batchnorm)
         clf, fill = model
         x = np.where(np.isfinite(x), x, fill)
         return float(clf.predict_proba(x[None, :])[0, 1])
@@ -403,7 +442,9 @@ class StoppingRule:
         for r in rows:  # a finished run's feature at k never changes: computed once
             fk = (r[0], k, use_values)
             if fk not in feats:
-                feats[fk] = feature_vector(r[1], k, self.features, self.alpha, r[2] if use_values else None)
+                feats[fk] = feature_vector(
+                    r[1], k, self.features, self.alpha, r[2] if use_values else None, self.fold_batchnorm
+                )
             xs.append(feats[fk])
         X = np.stack(xs)
         good = np.isfinite(X).all(axis=1)

@@ -361,3 +361,86 @@ def test_cli_fold_batchnorm_and_covariates_train_then_predict(tmp_path, capsys):
     )
     rows = json.loads(capsys.readouterr().out)
     assert [r["features"] for r in rows] == ["dtg", "covariates"]
+
+
+def test_checkpoint_records_carry_the_folded_graph_for_batch_norm_nets():
+    """Early stopping (issue #17) on residual + BN nets: a record holds the statistics of the
+    folded graph too, equal to featurize(fold_batchnorm=True); the rule reads them when asked."""
+    from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, feature_vector, run_records
+
+    torch.manual_seed(3)
+    states = []
+    for t in range(3):
+        net = _randomise_batchnorm(_conv_bn_net(), seed=t)
+        for p in net.parameters():
+            p.data.normal_()
+        states.append({k: v.clone() for k, v in net.state_dict().items()})
+    run = Run(_conv_bn_net(), states, name="bn")
+    recs = run_records(run, device="cpu")
+    assert all(set(r) == {"dtg", "per_layer", "log_eigenvalue", "weight_stats", "folded"} for r in recs)
+    _, folded = dtg_gpu.featurize(
+        [run], fold_batchnorm=True, per_layer=True, eigenvalue=True, device="cpu", return_stats=True
+    )
+    got = torch.tensor(
+        [r["folded"]["dtg"] + r["folded"]["per_layer"] + [r["folded"]["log_eigenvalue"]] for r in recs],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(got, folded[0].double(), rtol=1e-6, atol=1e-7)
+    assert recs[0]["folded"]["dtg"] != recs[0]["dtg"]  # the folded graph is another graph
+    # the rule's feature: the folded columns with fold_batchnorm, the plain ones without
+    x_plain = feature_vector(recs, 3, "dtg_per_layer")
+    x_fold = feature_vector(recs, 3, "dtg_per_layer", fold_batchnorm=True)
+    assert not np.allclose(x_plain, x_fold)
+    np.testing.assert_array_equal(
+        x_fold, feature_vector([{**r, **r["folded"]} for r in recs], 3, "dtg_per_layer"), strict=True
+    )
+    # a network without batch norm has no folded block, and folding changes nothing for it
+    plain = checkpoint_record(_conv_bn_net(bn=False), device="cpu")
+    assert "folded" not in plain
+    np.testing.assert_array_equal(
+        feature_vector([plain], 1, "dtg_per_layer+eigenvalue", fold_batchnorm=True),
+        feature_vector([plain], 1, "dtg_per_layer+eigenvalue"),
+    )
+    with pytest.raises(ValueError, match="fold_batchnorm must be True or False"):
+        StoppingRule(fold_batchnorm="yes")
+
+
+def test_online_rule_with_folding_learns_from_the_folded_statistics():
+    """Runs told apart only by their folded graph: the rule with fold_batchnorm separates them,
+    the rule without cannot (their plain records are the same)."""
+    from dtg_gpu.early_stopping import StoppingRule
+
+    def recs(kind: float, seed: int) -> list[dict]:
+        r = np.random.default_rng(seed)
+        plain = {"dtg": [0.5] * 5, "per_layer": [0.1] * 10, "log_eigenvalue": 0.0, "weight_stats": [0.0] * 7}
+        return [
+            {
+                **plain,
+                "folded": {
+                    "dtg": list(kind + 0.05 * r.standard_normal(5)),
+                    "per_layer": [0.1] * 10,
+                    "log_eigenvalue": 0.0,
+                },
+            }
+            for _ in range(3)
+        ]
+
+    finished = [(f"g{i}", recs(1.0, i), None, 0.9 + 0.001 * i) for i in range(6)]
+    finished += [(f"b{i}", recs(2.0, 10 + i), None, 0.2 + 0.001 * i) for i in range(6)]
+    folded = StoppingRule(fold_batchnorm=True, n_startup_trials=10)
+    plain = StoppingRule(n_startup_trials=10)
+    bad, good = recs(2.0, 99), recs(1.0, 98)
+    assert folded.probability(bad, None, finished) < 0.3 < folded.probability(good, None, finished)
+    assert abs(plain.probability(bad, None, finished) - plain.probability(good, None, finished)) < 1e-9
+
+
+def test_a_predictor_trained_with_covariates_is_refused_by_the_stopping_rule():
+    from dtg_gpu.early_stopping import StoppingRule
+
+    X = np.random.default_rng(0).standard_normal((16, 6))
+    y = np.array([0, 1] * 8)
+    clf = PerformancePredictor(
+        random_state=0, epochs=5, feature_settings={"timesteps": 1, "alpha": 0.5, "covariates": ["lr"]}
+    ).fit(X, y)
+    with pytest.raises(ValueError, match=r"covariates \['lr'\].*checkpoints alone"):
+        StoppingRule(predictor=clf)

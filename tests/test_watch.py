@@ -64,6 +64,9 @@ def test_dtg_watch_cli_json_lines(live, capsys):
     by = {d["run"]: d for d in lines}
     assert by[bad]["verdict"] == "stop" and by[good]["verdict"] == "continue"
     assert set(by[good]) == {"run", "checkpoints", "p_sufficient", "verdict", "final_accuracy", "error"}
+    # LeNet-5 has no batch norm: folding leaves every verdict and probability as it was
+    assert main(["watch", str(out), "--once", "--json", "--n-startup", "6", "--fold-batchnorm"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == lines
     assert main(["watch", str(out), "--once"]) == 0  # n_startup 10 > 8 finished: no decision yet
     text = capsys.readouterr().out
     assert f"{bad}\tk=4\tP(sufficient)=-\twait" in text

@@ -719,6 +719,11 @@ def _watch_args(p):
         default="dtg_per_layer",
         help="dtg, dtg+eigenvalue, dtg_per_layer (default), dtg_per_layer+eigenvalue, dtg+weight_stats",
     )
+    p.add_argument(
+        "--fold-batchnorm",
+        action="store_true",
+        help="judge from the graph with batch norm folded into the layer before it (no effect without batch norm)",
+    )
     _user_model(p)
     _device(p)
 
@@ -739,6 +744,7 @@ def _watch_run(a) -> int:
         threshold=_threshold(a.threshold),
         features=a.features,
         use_values=False,
+        fold_batchnorm=a.fold_batchnorm,
     )
     watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)
     shown: dict[str, tuple] = {}

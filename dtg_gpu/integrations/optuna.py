@@ -244,6 +244,9 @@ class DTGPruner(optuna.pruners.BasePruner):
         Also learn from the values reported with :func:`report` when every trial has them
         (``False``: data-free).
     alpha : float, default 0.5
+    fold_batchnorm : bool, default False
+        Judge from the graph with batch norm folded into the layer before it (see
+        :class:`~dtg_gpu.early_stopping.StoppingRule`); no effect on a network without batch norm.
 
     Notes
     -----
@@ -264,6 +267,7 @@ class DTGPruner(optuna.pruners.BasePruner):
         features: str = "dtg_per_layer",
         use_values: Any = "auto",
         alpha: float = 0.5,
+        fold_batchnorm: bool = False,
     ) -> None:
         self._params = rule_params(locals())
         self._rules: dict[str, StoppingRule] = {}

@@ -181,7 +181,7 @@ class DTGScheduler(FIFOScheduler):
     checkpoint_file : str, optional
         The weights file's name inside each reported checkpoint folder (default: found).
     predictor, min_probability, patience, n_startup_trials, n_warmup_steps, threshold, features,
-    use_values, alpha
+    use_values, alpha, fold_batchnorm
         As in :class:`~dtg_gpu.integrations.optuna.DTGPruner`; ``n_warmup_steps`` counts
         checkpoints.
     """
@@ -202,6 +202,7 @@ class DTGScheduler(FIFOScheduler):
         features: str = "dtg_per_layer",
         use_values: Any = "auto",
         alpha: float = 0.5,
+        fold_batchnorm: bool = False,
     ) -> None:
         super().__init__()
         if mode not in (None, "min", "max"):
@@ -274,7 +275,7 @@ class DTGStopper(Stopper):
     metric, mode : str
         The value that labels finished trials.
     checkpoint_file, predictor, min_probability, patience, n_startup_trials, n_warmup_steps,
-    threshold, features, use_values, alpha
+    threshold, features, use_values, alpha, fold_batchnorm
         As in :class:`DTGScheduler`.
     """
 
@@ -295,6 +296,7 @@ class DTGStopper(Stopper):
         features: str = "dtg_per_layer",
         use_values: Any = "auto",
         alpha: float = 0.5,
+        fold_batchnorm: bool = False,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
