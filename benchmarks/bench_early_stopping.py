@@ -94,7 +94,13 @@ def has_batchnorm(sweep: dict) -> bool:
 
 def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> dict:
     runs = sweep["runs"]
-    study = optuna.create_study(direction="maximize", pruner=pruner, sampler=optuna.samplers.RandomSampler(seed=0))
+    # a fixed name: HyperbandPruner assigns brackets by a hash of the study's name (random by default)
+    study = optuna.create_study(
+        study_name="replay-" + "-".join(map(str, order[:6])),
+        direction="maximize",
+        pruner=pruner,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )
     epochs_run, completed = [], []
     for i in order:
         r = runs[i]

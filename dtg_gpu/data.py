@@ -22,7 +22,20 @@ from .exceptions import DatasetNotFoundError
 __all__ = ["Dataset", "DATASETS", "load_dataset"]
 
 DATASETS = ("digits", "mnist", "cifar10", "cifar100")
+# (number of classes, input channels) of each dataset, known without loading it
+_SHAPES = {"digits": (10, 1), "mnist": (10, 1), "cifar10": (10, 3), "cifar100": (100, 3)}
 _SPLIT_SEED = 0
+
+
+def _key(name: str) -> str:
+    """``"CIFAR-10"``, ``"cifar_10"`` → ``"cifar10"``."""
+    return str(name).lower().replace("-", "").replace("_", "")
+
+
+def _dataset_shape(name: str) -> tuple[int, int] | None:
+    """``(num_classes, in_channels)`` of a known dataset name, without loading it; ``None``
+    for a name :func:`load_dataset` does not know."""
+    return _SHAPES.get(_key(name))
 
 
 @dataclass
@@ -57,7 +70,7 @@ def _digits() -> Dataset:
     x = (x - 0.5) / 0.5
     y = torch.tensor(d.target, dtype=torch.long)
     tr, va, te = _stratified_split(d.target, (0.7, 0.15, 0.15), _SPLIT_SEED)
-    return Dataset("digits", 10, 1, (x[tr], y[tr]), (x[va], y[va]), (x[te], y[te]))
+    return Dataset("digits", *_SHAPES["digits"], (x[tr], y[tr]), (x[va], y[va]), (x[te], y[te]))
 
 
 def _torchvision(name: str, root: str | Path, download: bool) -> Dataset:
@@ -90,7 +103,7 @@ def _torchvision(name: str, root: str | Path, download: bool) -> Dataset:
     xtr, ytr = tensors(train)
     xte, yte = tensors(test)
     tr, va = _stratified_split(ytr.numpy(), (0.9, 0.1), _SPLIT_SEED)
-    classes = 100 if name == "cifar100" else 10
+    classes = _SHAPES[name][0]
     return Dataset(name, classes, xtr.shape[1], (xtr[tr], ytr[tr]), (xtr[va], ytr[va]), (xte, yte))
 
 
@@ -119,7 +132,7 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     >>> ds.train[0].shape[1:], ds.num_classes, len(ds.test[1])
     (torch.Size([1, 32, 32]), 10, 270)
     """
-    key = name.lower().replace("-", "").replace("_", "")
+    key = _key(name)
     if key == "digits":
         return _digits()
     if key in ("mnist", "cifar10", "cifar100"):

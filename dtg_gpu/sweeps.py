@@ -39,7 +39,11 @@ __all__ = ["SweepConfig", "SweepRuns", "run_sweep", "load_sweep", "atomic_write"
 
 @dataclass
 class SweepConfig:
-    """What to train. ``checkpoint_every`` counts ``checkpoint_unit`` ("epoch" or "step")."""
+    """What to train. ``checkpoint_every`` counts ``checkpoint_unit`` ("epoch" or "step").
+
+    ``lr_schedule``: ``"constant"``, or ``"cosine"`` (epoch ``e`` of ``E`` trains at
+    ``lr · ½(1 + cos(π (e − 1) / E))``: the full rate first, about ``lr/100`` last at 16 epochs).
+    """
 
     model: str = "lenet5"
     dataset: str = "digits"
@@ -54,6 +58,7 @@ class SweepConfig:
     momentum: float = 0.9
     model_kwargs: dict = field(default_factory=dict)
     weight_decay: float = 0.0
+    lr_schedule: str = "constant"
 
     def validate(self) -> None:
         """Check every field before anything is written (a typo never touches the folder).
@@ -96,6 +101,8 @@ class SweepConfig:
             raise ValueError(f"checkpoint_unit must be 'epoch' or 'step', got {self.checkpoint_unit!r}")
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> "SweepConfig":
@@ -209,6 +216,7 @@ def _run_meta(
         "optimizer": cfg.optimizer,
         "momentum": cfg.momentum,
         "weight_decay": cfg.weight_decay,
+        "lr_schedule": cfg.lr_schedule,
         "batch_size": int(cfg.batch_size),
         "checkpoint_every": cfg.checkpoint_every,
         "checkpoint_unit": cfg.checkpoint_unit,
@@ -257,6 +265,16 @@ def _epochs(cfg: SweepConfig, progress: bool, desc: str):
     return tqdm(epochs, desc=desc, leave=False, unit="epoch")
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def _lr_factor(cfg: SweepConfig, epoch: int) -> float:
+    """The learning rate of 1-based ``epoch`` as a share of the run's ``lr``."""
+    if cfg.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * (epoch - 1) / int(cfg.epochs)))
+    return 1.0
+
+
 def _minibatches(n: int, batch_size: int, gen: torch.Generator, device: torch.device):
     """One epoch's mini-batch indices: a permutation drawn from ``gen`` (the seed's batch
     order, shared by every run of the seed), cut into ``batch_size`` pieces."""
@@ -298,6 +316,8 @@ def train_run(
 
     model.train()
     for epoch in _epochs(cfg, progress, f"lr={point['lr']:g} drop={point['dropout']:g} seed={point['seed']}"):
+        for group in opt.param_groups:
+            group["lr"] = point["lr"] * _lr_factor(cfg, epoch)
         for idx in _minibatches(n, bs, gen, device):
             step += 1
             if not diverged:
@@ -387,6 +407,7 @@ def train_group(
 
     keys = list(params)
     for epoch in _epochs(cfg, progress, f"{m} runs, seed={seed}"):
+        lr_now = lr * _lr_factor(cfg, epoch)
         for idx in _minibatches(n, bs, gen, device):
             step += 1
             out = net.forward(xtr[idx])  # [m, B, classes]
@@ -398,7 +419,7 @@ def train_group(
                     if cfg.weight_decay:  # PyTorch's SGD: g ← g + λ θ before momentum
                         g = g.add(params[k], alpha=cfg.weight_decay)
                     buf = momentum[k].mul_(cfg.momentum).add_(g)
-                    params[k].sub_(lr.view(-1, *([1] * (g.dim() - 1))) * buf)
+                    params[k].sub_(lr_now.view(-1, *([1] * (g.dim() - 1))) * buf)
             last_loss = loss.detach()
             diverged |= ~torch.isfinite(last_loss)
             if _due(cfg, "step", step):
@@ -605,7 +626,8 @@ def run_sweep(
 def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
     """``out`` may hold this sweep (resume) or nothing trained yet; never a different one."""
     old = read_manifest(path)
-    defaults = {"weight_decay": 0.0}  # fields added since: a sweep written before them resumes
+    # fields added since: a sweep written before them resumes
+    defaults = {"weight_decay": 0.0, "lr_schedule": "constant"}
     if (
         isinstance(old, dict)
         and isinstance(old.get("config"), dict)

@@ -23,8 +23,6 @@ from .early_stopping import StoppingRule, is_diverged, run_records
 
 __all__ = ["Verdict", "SweepWatcher"]
 
-_SHAPES = {"digits": (10, 1), "mnist": (10, 1), "cifar10": (10, 3), "cifar100": (100, 3)}
-
 
 @dataclass
 class Verdict:
@@ -105,13 +103,14 @@ class SweepWatcher:
         """The model of a ``dtg sweep`` folder, from ``sweep.json`` (runs still training have no
         ``run.json`` yet)."""
         from .checkpoints import CheckpointError, read_manifest
+        from .data import _dataset_shape
         from .models import build_model
 
         manifest = self.sweep / "sweep.json"
         cfg = read_manifest(manifest).get("config", {}) if manifest.is_file() else {}
         if not isinstance(cfg, dict) or "model" not in cfg:
             raise CheckpointError(f"{self.sweep}: no sweep.json naming the model; pass model=")
-        classes, channels = _SHAPES.get(str(cfg.get("dataset", "")).lower().replace("-", ""), (10, 3))
+        classes, channels = _dataset_shape(str(cfg.get("dataset", ""))) or (10, 3)
         kwargs = {"num_classes": classes, "in_channels": channels, **(cfg.get("model_kwargs") or {})}
         with torch.device("meta"):
             return build_model(cfg["model"], **kwargs)

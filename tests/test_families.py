@@ -47,6 +47,27 @@ def test_weight_decay_grouped_trains_like_one_run_at_a_time(tmp_path):
     assert norm(wa) < norm(wc)
 
 
+def test_cosine_schedule_grouped_trains_like_one_run_at_a_time(tmp_path):
+    from dtg_gpu.sweeps import _lr_factor
+
+    cfg = SweepConfig(model="lenet5", lrs=(0.05, 0.02), dropouts=(0.0,), epochs=3, lr_schedule="cosine")
+    assert [round(_lr_factor(cfg, e), 6) for e in (1, 2, 3)] == [1.0, 0.75, 0.25]
+    a = run_sweep(cfg, tmp_path / "grouped", progress=False, device="cpu")
+    b = run_sweep(cfg, tmp_path / "single", progress=False, device="cpu", group_size=1)
+    c = run_sweep(SweepConfig(**{**cfg.__dict__, "lr_schedule": "constant"}), tmp_path / "const", progress=False)
+    ma, mb = (json.loads((s / "run-0000" / "run.json").read_text()) for s in (a, b))
+    assert ma["trained_with"] == "grouped" and ma["lr_schedule"] == mb["lr_schedule"] == "cosine"
+    for ckpt in ("ckpt-0001.safetensors", "ckpt-0003.safetensors"):
+        wa, wb, wc = (load_file(s / "run-0000" / ckpt) for s in (a, b, c))
+        for k in wb:
+            torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)
+        moved = max(float((wa[k] - wc[k]).abs().max()) for k in wa)
+        # epoch 1 runs at the full rate either way; by epoch 3 the schedule has changed the weights
+        assert (moved == 0.0) if ckpt.endswith("1.safetensors") else (moved > 1e-3)
+    with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine"):
+        SweepConfig(lr_schedule="step").validate()
+
+
 def test_a_sweep_written_before_weight_decay_resumes(tmp_path):
     cfg = SweepConfig(
         model="lenet5", lrs=(0.01,), dropouts=(0.0,), epochs=1, checkpoint_every=20, checkpoint_unit="step"
@@ -54,6 +75,7 @@ def test_a_sweep_written_before_weight_decay_resumes(tmp_path):
     out = run_sweep(cfg, tmp_path / "sw", progress=False, device="cpu")
     manifest = json.loads((out / "sweep.json").read_text())
     del manifest["config"]["weight_decay"]  # as an older dtg_gpu wrote it
+    del manifest["config"]["lr_schedule"]
     (out / "sweep.json").write_text(json.dumps(manifest))
     run_sweep(cfg, out, progress=False)  # no "different sweep"
     with pytest.raises(ValueError, match="different sweep"):
@@ -77,9 +99,9 @@ def test_sweep_command_preset_with_overrides(tmp_path, capsys):
     out = tmp_path / "res"
     args = ["sweep", "--preset", "resnet20-digits", "--lr", "0.05", "--dropout", "0", "--seeds", "1"]
     args += ["--epochs", "1", "--checkpoint-every", "10", "--checkpoint-unit", "step", "--quiet", "--out", str(out)]
-    assert main(args) == 0
+    assert main(args + ["--lr-schedule", "cosine"]) == 0
     meta = json.loads((out / "run-0000" / "run.json").read_text())
-    assert meta["model"] == "resnet20" and meta["model_kwargs"]["width"] == 4
+    assert meta["model"] == "resnet20" and meta["model_kwargs"]["width"] == 4 and meta["lr_schedule"] == "cosine"
     assert meta["weight_decay"] == 5e-4 and meta["lr"] == 0.05 and len(meta["checkpoints"]) == 2
     assert json.loads((out / "sweep.json").read_text())["config"]["weight_decay"] == 5e-4
     # another model drops the preset's width; flags alone still make a plain sweep

@@ -168,6 +168,9 @@ def _sweep_args(p):
     p.add_argument("--momentum", type=float, default=None, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=float, default=None, help="L2 weight decay (default 0)")
     p.add_argument(
+        "--lr-schedule", choices=["constant", "cosine"], default=None, help="per-epoch learning rate (default constant)"
+    )
+    p.add_argument(
         "--width", type=float, default=None, help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16)"
     )
     p.add_argument(
@@ -215,6 +218,7 @@ def _sweep_run(a) -> int:
         "optimizer": a.optimizer,
         "momentum": a.momentum,
         "weight_decay": a.weight_decay,
+        "lr_schedule": a.lr_schedule,
     }
     changes: dict = {k: v for k, v in given.items() if v is not None}
     model = changes.get("model", base.model)
