@@ -22,7 +22,11 @@ shared by every row. Then the cross-sweep check: predictors fitted on ``resnet20
 tested on ``resnet20bn-grid2`` (the same architecture and recipe, another grid: other
 learning rates and dropouts, 48 runs), and the reverse, against the in-sweep numbers.
 
+``--only resnet20bn-cosine`` runs the table on a variant of ``resnet20bn`` trained with a
+cosine learning-rate schedule (``lr_schedule="cosine"``), not part of the default set.
+
 Usage: python benchmarks/bench_prediction.py --families [--repeats 100] [--work DIR] [--jobs 2]
+       [--only NAME ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from dtg_gpu.workflow import feature_sets, featurize_sweep
 SWEEPS = {"lenet5": "lenet5-digits", "vgg11n": "vgg11-digits", "resnet20bn": "resnet20-digits"}
 CROSS = ("resnet20bn", "resnet20bn-grid2")
 GRID2 = dict(lrs=(0.003, 0.007, 0.015, 0.03, 0.07, 0.15, 0.3, 0.7), dropouts=(0.1, 0.4), seeds=3)
+# the same ResNet sweep with a cosine learning-rate schedule (run with --only resnet20bn-cosine)
+VARIANTS = {"resnet20bn-cosine": ("resnet20-digits", dict(lr_schedule="cosine"))}
 COV = ("lr", "dropout")
 
 
@@ -117,7 +123,12 @@ def _job(name: str, k: int, clf, X: np.ndarray, y: np.ndarray, repeats: int) -> 
 
 
 def _load(name: str, work: Path):
-    cfg = PRESETS[SWEEPS[name]] if name in SWEEPS else SweepConfig.preset("resnet20-digits", **GRID2)
+    if name in SWEEPS:
+        cfg = PRESETS[SWEEPS[name]]
+    elif name in VARIANTS:
+        cfg = SweepConfig.preset(VARIANTS[name][0], **VARIANTS[name][1])
+    else:
+        cfg = SweepConfig.preset("resnet20-digits", **GRID2)
     return load_sweep(run_sweep(cfg, work / name, progress=False))
 
 
@@ -161,14 +172,14 @@ def run(a) -> None:
     work, repeats, th = Path(a.work), a.repeats or 100, a.threshold
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats, "threshold": th, "sweeps": {}}
     sfs = {}
-    for name in list(SWEEPS) + [CROSS[1]]:
-        if a.only and name not in a.only:
+    for name in list(SWEEPS) + [CROSS[1]] + list(VARIANTS):
+        if (a.only and name not in a.only) or (name in VARIANTS and not (a.only and name in a.only)):
             continue
         runs = _load(name, work)
         sf = featurize_sweep(runs)
         sfs[name] = (sf, featurize_sweep(runs, fold_batchnorm=True) if _has_batchnorm(sf) else None)
     jobs, meta = [], {}
-    for name in SWEEPS:
+    for name in list(SWEEPS) + list(VARIANTS):
         if name not in sfs:
             continue
         sf, sff = sfs[name]
