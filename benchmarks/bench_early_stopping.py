@@ -230,6 +230,11 @@ def main() -> None:
     print("wrote", out / f"{stem}.md")
 
 
+def _share(x) -> str:
+    """A share as a percentage; "–" for a table measured before the column existed."""
+    return "–" if x is None else f"{x:.0%}"
+
+
 def write_markdown(results: dict, path: Path) -> None:
     lines = [
         f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})",
@@ -254,7 +259,7 @@ def write_markdown(results: dict, path: Path) -> None:
             lines.append(
                 f"| {m} | {s['saved_mean']:.3f} [{s['saved_min']:.3f}, {s['saved_max']:.3f}] | "
                 f"{s['regret_mean']:.4f} | {s['regret_max']:.4f} | {s['regret_zero_share']:.0%} | "
-                f"{s.get('regret_one_sample_share', float('nan')):.0%} | {s['best_survives_share']:.0%} | {s['top10_recall_mean']:.2f} |"
+                f"{_share(s.get('regret_one_sample_share'))} | {s['best_survives_share']:.0%} | {s['top10_recall_mean']:.2f} |"
             )
         for label, pts in res.get("curve", {}).items():
             lines += [
@@ -266,7 +271,7 @@ def write_markdown(results: dict, path: Path) -> None:
             ]
             lines += [
                 f"| {p['min_probability']} | {p['saved_mean']:.3f} | {p['regret_max']:.4f} | "
-                f"{p['regret_zero_share']:.0%} | {p.get('regret_one_sample_share', float('nan')):.0%} |"
+                f"{p['regret_zero_share']:.0%} | {_share(p.get('regret_one_sample_share'))} |"
                 for p in pts
             ]
         lines.append("")
