@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DUMP = r"""
 import pickle, sys, warnings
 import numpy as np
+import dtg_gpu
+assert dtg_gpu.__file__.startswith(sys.argv[3]), f"imported {dtg_gpu.__file__}, not the tree in {sys.argv[3]}"
 warnings.simplefilter("ignore")
 from dtg_gpu.early_stopping import run_records
 from dtg_gpu.sweeps import load_sweep
@@ -70,7 +72,10 @@ def _flat(records) -> np.ndarray:
 
 def dump(src: Path, folder: Path, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_WAIT_POLICY": "PASSIVE"}
-    subprocess.run([sys.executable, "-c", DUMP, str(folder), str(out)], env=env, check=True)
+    # run from inside the tree: ``python -c`` puts the working directory first on sys.path
+    subprocess.run(
+        [sys.executable, "-c", DUMP, str(folder.resolve()), str(out), str(src)], env=env, check=True, cwd=src
+    )
     with open(out, "rb") as f:
         return pickle.load(f)
 
@@ -83,8 +88,11 @@ def diff(a: dict, b: dict) -> list[str]:
             worst = max(max(abs(x[1] - y[1]), abs(x[2] - y[2])) for x, y in zip(a[key], b[key]))
             lines.append(f"  scores (precision/AUC at k=5): {'identical' if same else f'max diff {worst:.3f}'}")
             continue
-        x = _flat(a[key]) if key == "records" else np.asarray(a[key], dtype=float)
-        y = _flat(b[key]) if key == "records" else np.asarray(b.get(key), dtype=float)
+        if key == "records":  # fields one revision added (e.g. "folded") are left out
+            common = [[{f: r[f] for f in r if f in q} for r, q in zip(ra, rb)] for ra, rb in zip(b[key], a[key])]
+            x, y = _flat(a[key]), _flat(common)
+        else:
+            x, y = np.asarray(a[key], dtype=float), np.asarray(b.get(key), dtype=float)
         if x.shape != y.shape:
             lines.append(f"  {key}: shapes differ {x.shape} vs {y.shape}")
         elif not np.array_equal(x, y, equal_nan=True):
@@ -96,7 +104,9 @@ def diff(a: dict, b: dict) -> list[str]:
                 f"  {key}: max abs diff {d.max():.2e}, max rel {rel.max():.2e}"
                 + ("" if nan_same else " (NaN in different places)")
             )
-    return lines or ["  identical: every feature set, score and record"]
+    if not any(not line.startswith("  scores") for line in lines):
+        lines.insert(0, "  every feature set and early-stopping record: identical, bit for bit")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -110,8 +120,8 @@ def main(argv=None) -> int:
     if not tree.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), a.rev], check=True)
     for folder in map(Path, a.sweeps):
-        old = dump(tree, folder, work / f"old-{folder.name}.pkl")
-        new = dump(ROOT, folder, work / f"new-{folder.name}.pkl")
+        old = dump(tree.resolve(), folder, (work / f"old-{folder.name}.pkl").resolve())
+        new = dump(ROOT, folder, (work / f"new-{folder.name}.pkl").resolve())
         print(f"{folder.name}: {a.rev} against the work tree")
         print("\n".join(diff(old, new)), flush=True)
     print(f"(worktree left in {tree}; remove with git worktree remove {tree})")
