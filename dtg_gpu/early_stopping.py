@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .features import check_alpha, temporal_features
+from .layout import StatisticsLayout
 
 __all__ = ["FEATURE_SETS", "checkpoint_record", "run_records", "feature_vector", "is_diverged", "StoppingRule"]
 
@@ -48,22 +49,23 @@ def _as_array(x) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in x], dtype=float)
 
 
-def _statistics_block(s: torch.Tensor) -> dict:
-    return {"dtg": _floats(s[:5]), "per_layer": _floats(s[5:-1]), "log_eigenvalue": _floats(s[-1:])[0]}
+def _statistics_blocks(stats: torch.Tensor, layout: StatisticsLayout) -> list[dict]:
+    """Per timestep of ``stats [T, F]`` (per-layer and eigenvalue layout): the record's
+    graph statistics, JSON-able."""
+    spec, layers, lam = layout.split(stats.double())
+    assert layers is not None and lam is not None  # run_records asks for both
+    return [
+        {"dtg": _floats(spec[t]), "per_layer": _floats(layers[t]), "log_eigenvalue": _floats(lam[t : t + 1])[0]}
+        for t in range(spec.shape[0])
+    ]
 
 
 def _records_from_stats(
-    stats: torch.Tensor, weight_stats: Sequence[Sequence[float]], folded: torch.Tensor | None = None
+    blocks: list[dict], weight_stats: Sequence[Sequence[float]], folded: list[dict] | None = None
 ) -> list[dict]:
-    s = stats.double()
-    f = folded.double() if folded is not None else None
     return [
-        {
-            **_statistics_block(s[t]),
-            "weight_stats": _floats(weight_stats[t]),
-            **({"folded": _statistics_block(f[t])} if f is not None else {}),
-        }
-        for t in range(s.shape[0])
+        {**b, "weight_stats": _floats(weight_stats[t]), **({"folded": folded[t]} if folded is not None else {})}
+        for t, b in enumerate(blocks)
     ]
 
 
@@ -86,7 +88,9 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     if len(part) == 0:
         return []
 
-    def solve(fold: bool) -> torch.Tensor:
+    layout = StatisticsLayout.of(part.topology, per_layer=True, eigenvalue=True)
+
+    def solve(fold: bool) -> list[dict]:
         _, stats, _ = featurize_with_failures(
             [part],
             timesteps=len(part),
@@ -96,7 +100,7 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
             strict=True,
             fold_batchnorm=fold,
         )
-        return stats[0]
+        return _statistics_blocks(stats[0], layout)
 
     folds = any(layer.batchnorm for layer in part.topology.layers)
     params = part.topology.params
