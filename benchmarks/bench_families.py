@@ -202,9 +202,9 @@ def run(a) -> None:
             m = matrices(sf, sff, k)
             for row, X in m.items():
                 jobs.append((name, row, k, PerformancePredictor(), X[sf.usable], y))
-            if k == k25:
-                X, sets = auto_inputs(m, sff is not None)
-        jobs.append((name, "auto", k25, PerformancePredictor(auto=True, column_sets=sets), X[sf.usable], y))
+            if k == k25:  # not X: the loop above rebinds it for every row and k
+                X_auto, sets = auto_inputs(m, sff is not None)
+        jobs.append((name, "auto", k25, PerformancePredictor(auto=True, column_sets=sets), X_auto[sf.usable], y))
     t0 = time.perf_counter()
     done = Parallel(n_jobs=a.jobs, verbose=0)(
         delayed(_job)(f"{sw}|{row}", k, clf, X, y, repeats) for sw, row, k, clf, X, y in jobs
