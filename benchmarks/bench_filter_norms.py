@@ -112,8 +112,8 @@ def main(argv=None) -> None:
     ]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = {"norms": rows, "products": products, "analyze": ends}  # type: ignore[assignment]
-    (out_dir / "filter_norms_cpu.json").write_text(json.dumps(rows, indent=2))
+    saved = {"norms": rows, "products": products, "analyze": ends}
+    (out_dir / "filter_norms_cpu.json").write_text(json.dumps(saved, indent=2))
     (out_dir / "filter_norms_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
