@@ -101,7 +101,7 @@ def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> 
         pruner=pruner,
         sampler=optuna.samplers.RandomSampler(seed=0),
     )
-    epochs_run, completed = [], []
+    epochs_run, completed, pruned_at = [], [], {}
     for i in order:
         r = runs[i]
         trial = study.ask()
@@ -113,13 +113,14 @@ def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> 
             if trial.should_prune():
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 epochs_run.append(s + 1)
+                pruned_at[int(i)] = (s + 1, len(completed))  # epochs it ran, trials completed before it
                 pruned = True
                 break
         if not pruned:
             study.tell(trial, float(r["final"]))
             epochs_run.append(steps)
             completed.append(int(i))
-    return {"epochs": epochs_run, "completed": completed}
+    return {"epochs": epochs_run, "completed": completed, "order": [int(i) for i in order], "pruned_at": pruned_at}
 
 
 def metrics(sweep: dict, res: dict) -> dict:
@@ -131,12 +132,20 @@ def metrics(sweep: dict, res: dict) -> dict:
     levels = np.unique(finals[np.isfinite(finals)])
     one = float(np.diff(levels).min()) if len(levels) > 1 else 0.0  # one test sample's worth
     regret = best - float(np.nanmax(kept))
+    # why: the best run cut (after how many epochs, with how many trials completed before it);
+    # the top 10 % cut; the epochs spent on runs below the median that ran to the end
+    ib = int(np.nanargmax(finals))
+    low = finals < np.nanmedian(finals)
+    runs_epochs = dict(zip(res["order"], res["epochs"])) if "order" in res else {}
+    wasted = sum(runs_epochs.get(i, 0) for i in res["completed"] if low[i])
     return {
         "saved": 1 - sum(res["epochs"]) / total,
         "regret": regret,
         "regret_one_sample": regret <= one + 1e-9,
         "best_survives": int(np.nanargmax(finals)) in set(res["completed"]),
         "top10_recall": len(top & set(res["completed"])) / len(top),
+        "best_cut": list(res.get("pruned_at", {}).get(ib, ())) or None if regret > 1e-12 else None,
+        "low_completed_share": wasted / total,
     }
 
 
@@ -154,7 +163,19 @@ def summarise(rows: list[dict]) -> dict:
         "best_survives_share": float(np.mean([r["best_survives"] for r in rows])),
         "top10_recall_mean": float(np.mean([r["top10_recall"] for r in rows])),
         "orderings": len(rows),
-    }
+    } | _why(rows)
+
+
+def _why(rows: list[dict]) -> dict:
+    """Where the regret comes from: in the orders that lost the best run, after how many
+    epochs it was cut and how many trials had completed before it; the share of the sweep's
+    compute spent on runs below the median that ran to the end (what a pruner kept too long)."""
+    cut = [r["best_cut"] for r in rows if r.get("best_cut")]
+    out = {"low_completed_share": float(np.mean([r.get("low_completed_share", np.nan) for r in rows]))}
+    if cut:
+        out["best_cut_epochs"] = sorted(int(c[0]) for c in cut)
+        out["best_cut_after_trials"] = sorted(int(c[1]) for c in cut)
+    return out
 
 
 def main() -> None:
@@ -166,7 +187,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 orderings, no curve")
     ap.add_argument("--only", nargs="*", default=None, help="methods to run (default: all)")
     ap.add_argument("--curve", nargs="*", type=float, default=[0.1, 0.2, 0.3, 0.5])
-    ap.add_argument("--curve-orderings", type=int, default=10)
+    ap.add_argument("--curve-orderings", type=int, default=None, help="default: all the orderings")
+    ap.add_argument(
+        "--thresholds",
+        nargs="*",
+        default=["median", "q0.75"],
+        help="the curve's label thresholds (DTGPruner threshold=)",
+    )
+    ap.add_argument("--curve-only", action="store_true", help="only the curves (with --merge: keep the methods' rows)")
     ap.add_argument("--merge", action="store_true", help="add these sweeps to the saved results, keep the others")
     a = ap.parse_args()
     n_orders = 3 if a.quick else a.orderings
@@ -186,7 +214,7 @@ def main() -> None:
             "curve": {},
         }
         for name, make in methods(a.quick).items():
-            if a.only and name not in a.only:
+            if (a.only and name not in a.only) or a.curve_only:
                 continue
             if "folded" in name and not has_batchnorm(sweep):
                 continue  # no batch norm: the same decisions as the unfolded rows
@@ -202,27 +230,40 @@ def main() -> None:
                 flush=True,
             )
         if not a.quick:
-            for label, kw in (("data-free", dict(use_values=False)), ("with val_accuracy", dict(use_values=True))):
-                pts = []
-                for mp in a.curve:
-                    rows = [
-                        metrics(sweep, replay(sweep, o, DTGPruner(min_probability=mp, **kw)))
-                        for o in orders[: a.curve_orderings]
-                    ]
-                    pts.append({"min_probability": mp} | summarise(rows))
-                    print(
-                        f"{folder.name:>10} curve {label:<18} min_p {mp:.2f}: saved {pts[-1]['saved_mean']:.3f} "
-                        f"regret max {pts[-1]['regret_max']:.4f} R=0 {pts[-1]['regret_zero_share']:.0%}",
-                        flush=True,
-                    )
-                res["curve"][label] = pts
-        res["date"] = results["date"]
+            for th in a.thresholds:
+                for label, kw in (("data-free", dict(use_values=False)), ("with val_accuracy", dict(use_values=True))):
+                    label = label if th == "median" else f"{label}, threshold {th}"
+                    pts = []
+                    for mp in a.curve:
+                        rows = [
+                            metrics(sweep, replay(sweep, o, DTGPruner(min_probability=mp, threshold=th, **kw)))
+                            for o in orders[: a.curve_orderings]
+                        ]
+                        pts.append({"min_probability": mp, "threshold": th} | summarise(rows))
+                        print(
+                            f"{folder.name:>10} curve {label:<40} min_p {mp:.2f}: saved {pts[-1]['saved_mean']:.3f} "
+                            f"regret mean {pts[-1]['regret_mean']:.4f} max {pts[-1]['regret_max']:.4f} "
+                            f"R=0 {pts[-1]['regret_zero_share']:.0%}",
+                            flush=True,
+                        )
+                    res["curve"][label] = pts
+        res["curve_date" if a.curve_only else "date"] = results["date"]
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
     stem = "early_stopping_quick" if a.quick else "early_stopping"
-    if a.merge and (out / f"{stem}.json").exists():  # keep the other sweeps' tables
+    if a.merge and (out / f"{stem}.json").exists():  # keep the other sweeps' tables, rows and curves
         old = json.loads((out / f"{stem}.json").read_text())
-        results["sweeps"] = {**old.get("sweeps", {}), **results["sweeps"]}
+        merged = old.get("sweeps", {})
+        for name, res in results["sweeps"].items():
+            prev = merged.get(name, {})
+            res["methods"] = {**prev.get("methods", {}), **res["methods"]}
+            curve = dict(prev.get("curve", {}))
+            for label, pts in res["curve"].items():  # a point per min_probability, the new one kept
+                by_p = {p["min_probability"]: p for p in curve.get(label, []) + pts}
+                curve[label] = [by_p[k] for k in sorted(by_p)]
+            res["curve"] = curve
+            merged[name] = prev | res
+        results["sweeps"] = merged
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     write_markdown(results, out / f"{stem}.md")
     if not a.quick:
@@ -235,6 +276,72 @@ def _share(x) -> str:
     return "–" if x is None else f"{x:.0%}"
 
 
+def _cut(s: dict) -> str:
+    """The orders that lost the best run: epochs it ran before the cut (median) and trials
+    completed before it (median)."""
+    e = s.get("best_cut_epochs")
+    if "low_completed_share" not in s:
+        return "–"
+    if not e:
+        return "never"
+    t = s["best_cut_after_trials"]
+    return f"{len(e)}×: epoch {int(np.median(e))}, after {int(np.median(t))} trials"
+
+
+def _points(res: dict, data_free: bool) -> list[tuple[str, dict]]:
+    """The DTG pruner's measured settings (rows and curve points) of one kind."""
+    pts = [
+        (m, s)
+        for m, s in res["methods"].items()
+        if m.startswith("DTGPruner") and ("data-free" in m) == data_free and "weight_stats" not in m
+    ]
+    for label, curve in res.get("curve", {}).items():
+        if ("data-free" in label) == data_free:
+            pts += [
+                (f"threshold {p.get('threshold', 'median')}, min_probability {p['min_probability']}", p) for p in curve
+            ]
+    return pts
+
+
+def matched(res: dict) -> list[str]:
+    """At equal regret: for MedianPruner and HyperbandPruner, the DTG setting that saves the
+    most with a mean regret no larger and R = 0 at least as often, on as many orderings."""
+    lines = []
+    for ref in ("MedianPruner", "HyperbandPruner"):
+        r = res["methods"].get(ref)
+        if r is None:
+            continue
+        for data_free in (True, False):
+            ok = [
+                (name, p)
+                for name, p in _points(res, data_free)
+                if p["orderings"] == r["orderings"]
+                and p["regret_mean"] <= r["regret_mean"] + 1e-12
+                and p["regret_zero_share"] >= r["regret_zero_share"]
+            ]
+            kind = "data-free" if data_free else "+val_accuracy"
+            ref_cell = f"{r['saved_mean']:.3f} (R mean {r['regret_mean']:.4f}, R = 0 {r['regret_zero_share']:.0%})"
+            if not ok:
+                lines.append(f"| {ref} | {ref_cell} | DTG {kind} | none measured | – |")
+                continue
+            name, p = max(ok, key=lambda x: x[1]["saved_mean"])
+            lines.append(
+                f"| {ref} | {ref_cell} | DTG {kind}: {name} | {p['saved_mean']:.3f} (R mean {p['regret_mean']:.4f}, "
+                f"R = 0 {p['regret_zero_share']:.0%}) | {p['saved_mean'] - r['saved_mean']:+.3f} |"
+            )
+    if not lines:
+        return []
+    return [
+        "",
+        "At equal regret: the DTG setting (rows above and curve points, same orderings) that saves the most "
+        "with a mean regret no larger and R = 0 at least as often as the Optuna pruner:",
+        "",
+        "| Optuna pruner | its S | DTG pruner | S | ΔS |",
+        "|---|---|---|---|---|",
+        *lines,
+    ]
+
+
 def write_markdown(results: dict, path: Path) -> None:
     lines = [
         f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})",
@@ -243,37 +350,45 @@ def write_markdown(results: dict, path: Path) -> None:
         "R: best final accuracy of the sweep minus the best among completed trials; "
         "one test sample is the smallest gap between two runs' final accuracies (1/270 on digits). "
         "Optuna's pruners (and `+val_accuracy`) read the recorded validation accuracy; "
-        "`data-free` ones read only the weights.",
+        "`data-free` ones read only the weights. Why: *best run cut* counts the orders that lost "
+        "the best run, with the epochs it ran and the trials completed before it was cut (medians); "
+        "*kept too long* is the share of the sweep's compute spent on runs below the median final "
+        "accuracy that ran to the end (no pruning: about 0.5); – for rows measured before these columns.",
         "",
     ]
     for name, res in results["sweeps"].items():
         lines += [
             f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints"
-            + (f" (measured {res['date']})" if res.get("date") else ""),
+            + (f" (measured {res['date']})" if res.get("date") else "")
+            + (f" (curves {res['curve_date']})" if res.get("curve_date") else ""),
             "",
             "| method | S mean [min, max] | R mean | R max | R = 0 | R ≤ 1 test sample | best survives "
-            "| top-10 % recall |",
-            "|---|---|---|---|---|---|---|---|",
+            "| top-10 % recall | best run cut | kept too long |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for m, s in res["methods"].items():
             lines.append(
                 f"| {m} | {s['saved_mean']:.3f} [{s['saved_min']:.3f}, {s['saved_max']:.3f}] | "
                 f"{s['regret_mean']:.4f} | {s['regret_max']:.4f} | {s['regret_zero_share']:.0%} | "
-                f"{_share(s.get('regret_one_sample_share'))} | {s['best_survives_share']:.0%} | {s['top10_recall_mean']:.2f} |"
+                f"{_share(s.get('regret_one_sample_share'))} | {s['best_survives_share']:.0%} | "
+                f"{s['top10_recall_mean']:.2f} | {_cut(s)} | "
+                f"{_share(s.get('low_completed_share')) if 'low_completed_share' in s else '–'} |"
             )
         for label, pts in res.get("curve", {}).items():
             lines += [
                 "",
-                f"DTGPruner {label}, over `min_probability`:",
+                f"DTGPruner {label}, over `min_probability` ({pts[0]['orderings']} orderings):",
                 "",
-                "| min_probability | S mean | R max | R = 0 | R ≤ 1 test sample |",
-                "|---|---|---|---|---|",
+                "| min_probability | S mean | R mean | R max | R = 0 | R ≤ 1 test sample | best run cut | kept too long |",
+                "|---|---|---|---|---|---|---|---|",
             ]
             lines += [
-                f"| {p['min_probability']} | {p['saved_mean']:.3f} | {p['regret_max']:.4f} | "
-                f"{p['regret_zero_share']:.0%} | {_share(p.get('regret_one_sample_share'))} |"
+                f"| {p['min_probability']} | {p['saved_mean']:.3f} | {p['regret_mean']:.4f} | {p['regret_max']:.4f} | "
+                f"{p['regret_zero_share']:.0%} | {_share(p.get('regret_one_sample_share'))} | {_cut(p)} | "
+                f"{_share(p.get('low_completed_share')) if 'low_completed_share' in p else '–'} |"
                 for p in pts
             ]
+        lines += matched(res)
         lines.append("")
     path.write_text("\n".join(lines))
 
