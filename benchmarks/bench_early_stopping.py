@@ -81,6 +81,9 @@ def methods(quick: bool) -> dict:
         "DTGPruner (data-free)": lambda: DTGPruner(use_values=False),
         "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(use_values=False, features="dtg+weight_stats"),
         "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True),
+        # no decision on the first two checkpoints (steps 0 and 1): VGG-11 lost its best run at epoch 1
+        "DTGPruner n_warmup_steps=2 (data-free)": lambda: DTGPruner(use_values=False, n_warmup_steps=2),
+        "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(use_values=True, n_warmup_steps=2),
         "DTGPruner folded (data-free)": lambda: DTGPruner(use_values=False, fold_batchnorm=True),
         "DTGPruner folded+val_accuracy": lambda: DTGPruner(use_values=True, fold_batchnorm=True),
     }
@@ -229,7 +232,7 @@ def main() -> None:
                 f"({m['seconds']:.0f} s)",
                 flush=True,
             )
-        if not a.quick:
+        if not a.quick and a.curve:
             for th in a.thresholds:
                 for label, kw in (("data-free", dict(use_values=False)), ("with val_accuracy", dict(use_values=True))):
                     label = label if th == "median" else f"{label}, threshold {th}"
@@ -247,7 +250,8 @@ def main() -> None:
                             flush=True,
                         )
                     res["curve"][label] = pts
-        res["curve_date" if a.curve_only else "date"] = results["date"]
+        stamp = "curve_date" if a.curve_only else "rows_added" if (a.only and a.merge) else "date"
+        res[stamp] = results["date"]
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
     stem = "early_stopping_quick" if a.quick else "early_stopping"
@@ -360,7 +364,8 @@ def write_markdown(results: dict, path: Path) -> None:
         lines += [
             f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints"
             + (f" (measured {res['date']})" if res.get("date") else "")
-            + (f" (curves {res['curve_date']})" if res.get("curve_date") else ""),
+            + (f" (curves {res['curve_date']})" if res.get("curve_date") else "")
+            + (f" (rows added {res['rows_added']})" if res.get("rows_added") else ""),
             "",
             "| method | S mean [min, max] | R mean | R max | R = 0 | R ≤ 1 test sample | best survives "
             "| top-10 % recall | best run cut | kept too long |",
