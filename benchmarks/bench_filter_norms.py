@@ -3,7 +3,9 @@ conv weight on this machine, each timed as the best of 15, in GB/s of the weight
 
 * ``read``: ``w.sum()``, one pass over the weights (the floor a norm kernel is measured against);
 * ``vector_norm``: ``torch.linalg.vector_norm(w.view(-1, 9), dim=-1, out=...)`` (what
-  ``dtg_gpu.graph.plain_filter_norms`` does);
+  ``dtg_gpu.graph.plain_filter_norms`` did until session 12, and still does off CPU);
+* ``cdist to the origin``: ``torch.cdist(w.view(-1, 9), zeros(1, 9))`` in its direct mode
+  (``dtg_gpu.graph.row_norms``, what ``plain_filter_norms`` does on CPU);
 * ``einsum``: ``torch.einsum("mk,mk->m", w, w)`` then ``sqrt``;
 * ``mul + sum``: the squares into a preallocated buffer, then ``sum(-1)``;
 * ``chunked mul + sum``: the same through a cache-sized buffer, 32,768 rows at a time;
@@ -23,10 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dtg_gpu.graph import row_norms  # noqa: E402
 
 
 def _best(f, reps: int = 15) -> float:
@@ -65,6 +72,7 @@ def main(argv=None) -> None:
     ways = {
         "read": lambda: w.sum(),
         "vector_norm": lambda: torch.linalg.vector_norm(v, dim=-1, out=out),
+        "cdist to the origin (row_norms)": lambda: row_norms(v, out=out),
         "einsum": lambda: torch.einsum("mk,mk->m", v, v).sqrt_(),
         "mul + sum": mul_sum,
         "chunked mul + sum": chunked,
@@ -102,12 +110,14 @@ def main(argv=None) -> None:
     lines += [
         "",
         "`analyze` end to end (ms per graph, best of 3 alternated runs; random-walk checkpoints of CIFAR VGG): "
-        "products on the transposed view against a transposed copy per block; max |Δ centrality| between them.",
+        "products on the transposed view against a transposed copy per block, and (view) with the filter norms "
+        "taken by `vector_norm` as before session 12 instead of `row_norms`; max |Δ centrality| between view and copy.",
         "",
-        "| model | T | dtype | view | copy | max abs diff |",
-        "|---|---|---|---|---|---|",
+        "| model | T | dtype | view | copy | view, vector_norm norms | max abs diff |",
+        "|---|---|---|---|---|---|---|",
     ] + [
-        f"| {r['model']} | {r['T']} | {r['dtype']} | {r['view']} | {r['copy']} | {r['max_abs_diff']:.1e} |"
+        f"| {r['model']} | {r['T']} | {r['dtype']} | {r['view']} | {r['copy']} | {r.get('vector_norm', '–')} | "
+        f"{r['max_abs_diff']:.1e} |"
         for r in ends
     ]
     out_dir = Path(a.out)
@@ -148,6 +158,10 @@ def product_forms() -> list[dict]:
     return rows
 
 
+def _vector_norm(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.linalg.vector_norm(w, dim=-1, out=out)
+
+
 def end_to_end() -> list[dict]:
     """``analyze`` with products on the transposed view (the default) and with a transposed
     copy of every block (the engine's ``BlockOperator`` patched), alternated."""
@@ -159,8 +173,9 @@ def end_to_end() -> list[dict]:
 
     import dtg_gpu
     import dtg_gpu._engine as engine
+    import dtg_gpu.graph as graph
 
-    made = engine.BlockOperator
+    made, fast = engine.BlockOperator, graph.row_norms
     rows = []
     for name, t in (("vgg16", 10), ("vgg11", 50)):
         model = build_model(name)
@@ -175,19 +190,22 @@ def end_to_end() -> list[dict]:
         run = dtg_gpu.Run(model=model, checkpoints=ckpts)
         for dtype in (torch.float32, torch.float64):
             dtg_gpu.analyze(dtg_gpu.Run(model=model, checkpoints=ckpts[:1]), device="cpu", dtype=dtype)
-            times: dict[str, list[float]] = {"view": [], "copy": []}
+            times: dict[str, list[float]] = {"view": [], "copy": [], "vector_norm": []}
             cent = {}
             for _ in range(3):
-                for mode in ("view", "copy"):
+                for mode in times:
                     engine.BlockOperator = (  # type: ignore[misc]
-                        made if mode == "view" else (lambda *a, **k: made(*a, transposed_copy=True, **k))
+                        (lambda *a, **k: made(*a, transposed_copy=True, **k)) if mode == "copy" else made
                     )
+                    if mode == "vector_norm":  # the norms as before session 12
+                        graph.row_norms = _vector_norm
                     try:
                         s = time.perf_counter()
                         cent[mode] = dtg_gpu.analyze(run, device="cpu", dtype=dtype).centrality
                         times[mode].append((time.perf_counter() - s) / t)
                     finally:
                         engine.BlockOperator = made  # type: ignore[misc]
+                        graph.row_norms = fast
             rows.append(
                 {
                     "model": f"cifar_{name}",
@@ -195,6 +213,7 @@ def end_to_end() -> list[dict]:
                     "dtype": str(dtype).removeprefix("torch."),
                     "view": round(min(times["view"]) * 1e3, 2),
                     "copy": round(min(times["copy"]) * 1e3, 2),
+                    "vector_norm": round(min(times["vector_norm"]) * 1e3, 2),
                     "max_abs_diff": float((cent["view"] - cent["copy"]).abs().max()),
                 }
             )

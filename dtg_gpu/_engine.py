@@ -117,9 +117,10 @@ class GraphBlocks(NamedTuple):
 def _widen(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Weights on ``device`` in float32, or float64 when either they or ``dtype`` are: norms
     of float16/bfloat16 are never taken in their own narrow range, and float64 weights are
-    not squeezed into float32 before they are scaled."""
+    not squeezed into float32 before they are scaled. Detached: parameters that require
+    grad (``dict(model.named_parameters())`` as a checkpoint) give plain results."""
     wide = torch.float64 if torch.float64 in (t.dtype, dtype) else torch.float32
-    return t.to(device=device, non_blocking=True).to(wide)
+    return t.detach().to(device=device, non_blocking=True).to(wide)
 
 
 def scaled_blocks(

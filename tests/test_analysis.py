@@ -166,3 +166,20 @@ def test_all_exports_import_and_are_unique():
     assert len(dtg_gpu.__all__) == len(set(dtg_gpu.__all__))
     for name in dtg_gpu.__all__:
         assert getattr(dtg_gpu, name) is not None
+
+
+def test_live_parameters_that_require_grad_analyze_like_a_state_dict():
+    """``dict(model.named_parameters())`` as checkpoints (tensors that require grad), with a
+    conv above the engine's small-layer size (norms written in place): the same centrality as
+    the detached state dict, and no autograd graph in the result (this crashed inside
+    ``vector_norm(out=...)`` before session 12)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 96, 3), nn.ReLU(), nn.Conv2d(96, 96, 3), nn.ReLU(), nn.Conv2d(96, 4, 1))
+    live = [dict(model.named_parameters())] * 2
+    assert all(p.requires_grad for p in live[0].values()) and model[2].weight.numel() > (1 << 16)
+    res = analyze(Run(model=model, checkpoints=live), device="cpu")
+    ref = analyze(Run(model=model, checkpoints=[model.state_dict()] * 2), device="cpu")
+    assert not res.centrality.requires_grad
+    torch.testing.assert_close(res.centrality, ref.centrality, rtol=0, atol=0)

@@ -7,7 +7,7 @@ from torch import nn
 
 from dtg_gpu import BlockOperator, CheckpointError, channel_topology, filter_norms
 from dtg_gpu._engine import load_blocks
-from dtg_gpu.graph import graph_edges, to_networkx
+from dtg_gpu.graph import graph_edges, row_norms, to_networkx
 from dtg_gpu.models import LeNet5
 from dtg_gpu.testing.reference import reference_adjacency
 
@@ -44,6 +44,30 @@ def test_block_operator_equals_reference_adjacency(model_fn, form, device):
     for t in range(3):
         a = reference_adjacency(topo, ckpts[t])
         np.testing.assert_allclose(y[t], a @ x[t].cpu().numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_row_norms_match_numpy_with_nan_inf_and_out(dtype, contiguous):
+    """The CPU fast path (cdist to the origin: contiguous float32) and the fallback
+    (vector_norm: float64, half precision, strided views) give NumPy's float64 norms, propagate
+    NaN and Inf per row, write into ``out``, and accept empty input."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 40, 6, 9, generator=g, dtype=torch.float64)
+    w[0, 0, 0, 4], w[1, 2, 3, 0], w[2, 5, 1, 8] = float("nan"), float("inf"), -float("inf")
+    w[0, 1, 2] = 0.0
+    x = w.to(dtype)
+    if not contiguous:
+        x = x.transpose(1, 2)  # [3, 6, 40, 9], strided
+    expected = np.linalg.norm(x.double().numpy(), axis=-1)
+    got = row_norms(x)
+    assert got.dtype == dtype and got.shape == x.shape[:-1]
+    tol = {torch.float16: 2e-3, torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=tol)  # NaN and Inf at the same places
+    out = torch.full(x.shape[:-1], -1.0, dtype=dtype)
+    assert row_norms(x, out=out) is out
+    np.testing.assert_allclose(out.double().numpy(), expected, rtol=tol)
+    assert row_norms(torch.empty(0, 4, 9, dtype=dtype)).shape == (0, 4)
 
 
 def test_self_loops_counted_once_and_parallel_edges_add():
