@@ -57,13 +57,20 @@ def test_cosine_schedule_grouped_trains_like_one_run_at_a_time(tmp_path):
     c = run_sweep(SweepConfig(**{**cfg.__dict__, "lr_schedule": "constant"}), tmp_path / "const", progress=False)
     ma, mb = (json.loads((s / "run-0000" / "run.json").read_text()) for s in (a, b))
     assert ma["trained_with"] == "grouped" and ma["lr_schedule"] == mb["lr_schedule"] == "cosine"
-    for ckpt in ("ckpt-0001.safetensors", "ckpt-0003.safetensors"):
-        wa, wb, wc = (load_file(s / "run-0000" / ckpt) for s in (a, b, c))
-        for k in wb:
-            torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)
-        moved = max(float((wa[k] - wc[k]).abs().max()) for k in wa)
-        # epoch 1 runs at the full rate either way; by epoch 3 the schedule has changed the weights
-        assert (moved == 0.0) if ckpt.endswith("1.safetensors") else (moved > 1e-3)
+
+    def rel(x: dict, y: dict) -> float:  # the largest relative (Frobenius) difference of a tensor
+        return max(float((x[k] - y[k]).norm() / y[k].norm()) for k in y)
+
+    for run in ("run-0000", "run-0001"):
+        for ckpt in ("ckpt-0001.safetensors", "ckpt-0003.safetensors"):
+            wa, wb, wc = (load_file(s / run / ckpt) for s in (a, b, c))
+            # grouped and one-at-a-time sum in different orders: rounding that training at
+            # lr 0.05 amplifies to ~1e-3 relative by epoch 3 (machine-dependent), while the
+            # schedule itself moves the weights by ~0.5-1 relative there
+            if ckpt.endswith("1.safetensors"):  # epoch 1 runs at the full rate either way
+                assert rel(wa, wb) < 1e-5 and rel(wa, wc) == 0.0
+            else:
+                assert rel(wa, wb) < 1e-2 and rel(wa, wc) > 0.1
     with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine"):
         SweepConfig(lr_schedule="step").validate()
 
@@ -354,6 +361,11 @@ def test_cli_fold_batchnorm_and_covariates_train_then_predict(tmp_path, capsys):
     )
     sweep = run_sweep(cfg, tmp_path / "sw", progress=False, device="cpu")
     assert len(load_sweep(sweep)) == 4
+    # one epoch of a width-2 ResNet ends near chance, where runs tie and a median label can
+    # leave one class with a single run (machine-dependent): fix the outcomes, two per class
+    for i, acc in enumerate((0.2, 0.8, 0.3, 0.9)):
+        meta = json.loads((sweep / f"run-{i:04d}" / "run.json").read_text())
+        (sweep / f"run-{i:04d}" / "run.json").write_text(json.dumps(meta | {"final_accuracy": acc}))
     csv = tmp_path / "f.csv"
     assert main(["featurize", str(sweep), "--fold-batchnorm", "--covariates", "lr", "dropout", "--out", str(csv)]) == 0
     header = csv.read_text().splitlines()[0].split(",")
