@@ -133,12 +133,9 @@ def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     tensor([5., 0.])
     """
     k = w.shape[-1]
-    if w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() and k > 1:
-        if w.numel() == 0:
-            n = w.new_zeros(w.shape[:-1])
-        else:
-            m = w.view(-1, k)
-            n = torch.cdist(m, m.new_zeros(1, k), compute_mode="donot_use_mm_for_euclid_dist").view(w.shape[:-1])
+    if w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() and k > 1 and w.numel():
+        m = w.view(-1, k)
+        n = torch.cdist(m, m.new_zeros(1, k), compute_mode="donot_use_mm_for_euclid_dist").view(w.shape[:-1])
         return n if out is None else out.copy_(n)
     return torch.linalg.vector_norm(w, dim=-1, out=out)
 
