@@ -123,7 +123,7 @@ def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> 
             study.tell(trial, float(r["final"]))
             epochs_run.append(steps)
             completed.append(int(i))
-    return {"epochs": epochs_run, "completed": completed, "order": [int(i) for i in order], "pruned_at": pruned_at}
+    return {"epochs": epochs_run, "completed": completed, "pruned_at": pruned_at}
 
 
 def metrics(sweep: dict, res: dict) -> dict:
@@ -136,18 +136,18 @@ def metrics(sweep: dict, res: dict) -> dict:
     one = float(np.diff(levels).min()) if len(levels) > 1 else 0.0  # one test sample's worth
     regret = best - float(np.nanmax(kept))
     # why: the best run cut (after how many epochs, with how many trials completed before it);
-    # the top 10 % cut; the epochs spent on runs below the median that ran to the end
+    # the epochs spent on runs below the median that ran to the end (a completed run ran them all)
     ib = int(np.nanargmax(finals))
     low = finals < np.nanmedian(finals)
-    runs_epochs = dict(zip(res["order"], res["epochs"])) if "order" in res else {}
-    wasted = sum(runs_epochs.get(i, 0) for i in res["completed"] if low[i])
+    wasted = sum(len(sweep["runs"][i]["records"]) for i in res["completed"] if low[i])
+    cut = res.get("pruned_at", {}).get(ib)
     return {
         "saved": 1 - sum(res["epochs"]) / total,
         "regret": regret,
         "regret_one_sample": regret <= one + 1e-9,
-        "best_survives": int(np.nanargmax(finals)) in set(res["completed"]),
+        "best_survives": ib in set(res["completed"]),
         "top10_recall": len(top & set(res["completed"])) / len(top),
-        "best_cut": list(res.get("pruned_at", {}).get(ib, ())) or None if regret > 1e-12 else None,
+        "best_cut": list(cut) if cut and regret > 1e-12 else None,
         "low_completed_share": wasted / total,
     }
 
