@@ -9,16 +9,21 @@ conv weight on this machine, each timed as the best of 15, in GB/s of the weight
 * ``einsum``: ``torch.einsum("mk,mk->m", w, w)`` then ``sqrt``;
 * ``mul + sum``: the squares into a preallocated buffer, then ``sum(-1)``;
 * ``chunked mul + sum``: the same through a cache-sized buffer, 32,768 rows at a time;
-* ``square + mv``: ``torch.mv(w.square(), ones(9))``.
+* ``square + mv``: ``torch.mv(w.square(), ones(9))``;
+* with ``--inductor`` (needs a C++ compiler; not used by the library): ``torch.compile`` of
+  ``sqrt((y * y).sum(1))`` on 16-row tiles ``w.view(-1, 16, 9).transpose(1, 2)``, the
+  fastest form of the ones tried, as a ceiling for what generated code reaches here.
 
 Then the products with a filter-norm block ``B [G, out, in]`` that a Lanczos step takes,
 ``B x`` and ``Bᵀ y``: ``B x`` as a batched matrix × column vector, as ``xᵀ Bᵀ`` through the
 transposed *view* (what ``BlockOperator`` does on CPU), and as ``xᵀ`` times a transposed
 contiguous copy (``BlockOperator(transposed_copy=True)``), with the copy's own cost and the
 number of products after which it pays. Last, ``analyze`` end to end on CIFAR VGG checkpoints
-both ways (the engine's operator patched to make the copy), alternated three times.
+both ways (the engine's operator patched to make the copy), with the norms by ``vector_norm``,
+and with the chunks as before session 13 (about four per call, so 3-graph batches for a
+10-checkpoint VGG-16 run: ``MIN_CHUNK_GRAPHS`` patched to 1), alternated three times.
 
-Usage: python benchmarks/bench_filter_norms.py [--out benchmarks/results] [--threads 2]
+Usage: python benchmarks/bench_filter_norms.py [--out benchmarks/results] [--threads 2] [--inductor]
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--inductor", action="store_true", help="add a torch.compile row (compiles C++ first)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     w = torch.randn(4, 512, 512, 3, 3)  # 4 checkpoints of VGG-16's largest conv
@@ -78,6 +84,9 @@ def main(argv=None) -> None:
         "chunked mul + sum": chunked,
         "square + mv": lambda: torch.mv(v.square(), ones).sqrt_(),
     }
+    if a.inductor:
+        tiles = torch.compile(lambda x: torch.sqrt((x * x).sum(1)), dynamic=False)
+        ways["torch.compile, 16-row tiles (not shipped)"] = lambda: tiles(v.view(-1, 16, 9).transpose(1, 2))
     gb = w.numel() * w.element_size() / 1e9
     rows = []
     for name, f in ways.items():
@@ -111,13 +120,15 @@ def main(argv=None) -> None:
         "",
         "`analyze` end to end (ms per graph, best of 3 alternated runs; random-walk checkpoints of CIFAR VGG): "
         "products on the transposed view against a transposed copy per block, and (view) with the filter norms "
-        "taken by `vector_norm` as before session 12 instead of `row_norms`; max |Δ centrality| between view and copy.",
+        "taken by `vector_norm` as before session 12 instead of `row_norms`, and (view) in about four chunks per "
+        "call as before session 13 (`MIN_CHUNK_GRAPHS` = 1: chunks of 3, 3, 3, 1 graphs for VGG-16 at T = 10); "
+        "max |Δ centrality| between view and copy.",
         "",
-        "| model | T | dtype | view | copy | view, vector_norm norms | max abs diff |",
-        "|---|---|---|---|---|---|---|",
+        "| model | T | dtype | view | copy | view, vector_norm norms | view, four chunks | max abs diff |",
+        "|---|---|---|---|---|---|---|---|",
     ] + [
         f"| {r['model']} | {r['T']} | {r['dtype']} | {r['view']} | {r['copy']} | {r.get('vector_norm', '–')} | "
-        f"{r['max_abs_diff']:.1e} |"
+        f"{r.get('four_chunks', '–')} | {r['max_abs_diff']:.1e} |"
         for r in ends
     ]
     out_dir = Path(a.out)
@@ -175,7 +186,7 @@ def end_to_end() -> list[dict]:
     import dtg_gpu._engine as engine
     import dtg_gpu.graph as graph
 
-    made, fast = engine.BlockOperator, graph.row_norms
+    made, fast, min_graphs = engine.BlockOperator, graph.row_norms, engine.MIN_CHUNK_GRAPHS
     rows = []
     for name, t in (("vgg16", 10), ("vgg11", 50)):
         model = build_model(name)
@@ -190,7 +201,7 @@ def end_to_end() -> list[dict]:
         run = dtg_gpu.Run(model=model, checkpoints=ckpts)
         for dtype in (torch.float32, torch.float64):
             dtg_gpu.analyze(dtg_gpu.Run(model=model, checkpoints=ckpts[:1]), device="cpu", dtype=dtype)
-            times: dict[str, list[float]] = {"view": [], "copy": [], "vector_norm": []}
+            times: dict[str, list[float]] = {"view": [], "copy": [], "vector_norm": [], "four_chunks": []}
             cent = {}
             for _ in range(3):
                 for mode in times:
@@ -199,6 +210,8 @@ def end_to_end() -> list[dict]:
                     )
                     if mode == "vector_norm":  # the norms as before session 12
                         graph.row_norms = _vector_norm
+                    if mode == "four_chunks":  # the chunks as before session 13
+                        engine.MIN_CHUNK_GRAPHS = 1
                     try:
                         s = time.perf_counter()
                         cent[mode] = dtg_gpu.analyze(run, device="cpu", dtype=dtype).centrality
@@ -206,6 +219,7 @@ def end_to_end() -> list[dict]:
                     finally:
                         engine.BlockOperator = made  # type: ignore[misc]
                         graph.row_norms = fast
+                        engine.MIN_CHUNK_GRAPHS = min_graphs
             rows.append(
                 {
                     "model": f"cifar_{name}",
@@ -214,6 +228,7 @@ def end_to_end() -> list[dict]:
                     "view": round(min(times["view"]) * 1e3, 2),
                     "copy": round(min(times["copy"]) * 1e3, 2),
                     "vector_norm": round(min(times["vector_norm"]) * 1e3, 2),
+                    "four_chunks": round(min(times["four_chunks"]) * 1e3, 2),
                     "max_abs_diff": float((cent["view"] - cent["copy"]).abs().max()),
                 }
             )

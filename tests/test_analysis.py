@@ -73,6 +73,28 @@ def test_batched_equals_looped_and_featurize_batches_runs(device):
     np.testing.assert_allclose(six[1, :, 5].numpy(), want, rtol=1e-10)
 
 
+def test_pipeline_chunks_batch_large_graphs_and_stay_within_the_budget():
+    """A run of 10 VGG checkpoints is one batch (four 3-graph chunks measured 10-25 % slower
+    on CPU); long runs still split in about four chunks; the memory budget wins over both
+    floors; tiny graphs batch by edges (a LeNet-5 sweep: 1,920 graphs in four chunks)."""
+    from dtg_gpu._engine import MIN_CHUNK_GRAPHS, chunk_size_for, pipeline_chunk_size, plan_units
+
+    vgg = build_model("vgg16")
+    big = Run(model=vgg, checkpoints=[vgg.state_dict()]).topology
+    f32 = torch.float32
+    cap = chunk_size_for(big, f32, 1 << 30)
+    assert MIN_CHUNK_GRAPHS <= cap < 50  # VGG-16 at the default budget: ~11 graphs
+    assert pipeline_chunk_size(big, 10, f32) == 10
+    assert pipeline_chunk_size(big, 5, f32) == MIN_CHUNK_GRAPHS  # whole run, one batch
+    assert pipeline_chunk_size(big, 200, f32) == cap  # about 4 chunks, capped by memory
+    small_budget = 3 * ((1 << 30) // cap)  # room for 3 graphs
+    assert pipeline_chunk_size(big, 10, f32, budget=small_budget) == 3
+    assert [u.chunk for u in plan_units(2, 10, big, f32)] == [10, 10]  # one run per unit
+    lenet = LeNet5(in_channels=1)
+    tiny = Run(model=lenet, checkpoints=[lenet.state_dict()]).topology
+    assert pipeline_chunk_size(tiny, 1920, f32) == 480
+
+
 def test_per_layer_statistics_option_matches_scipy_per_layer():
     model = LeNet5()
     runs = [Run(model=model, checkpoints=make_checkpoints(model, t=2, seed=s), name=f"r{s}") for s in range(2)]
