@@ -244,9 +244,10 @@ def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dt
     The second floor is for large graphs: a batched solve costs thousands of small tensor
     ops per call (a few per layer per Lanczos step) whatever the batch holds, and on CPU
     the batch is what ``bmm`` splits across threads. Measured on 2 cores
-    (``benchmarks/bench_filter_norms.py``, last table), one 10-graph chunk of a CIFAR
-    VGG-16 run analyses 10–25 % faster than four 3-graph chunks with the next chunk read
-    in the background; from a cold page cache the two are level."""
+    (``benchmarks/bench_filter_norms.py``, last table), a 10-checkpoint CIFAR VGG-16 run
+    analyses 17 % faster in float32 (3 % in float64) as one chunk than as chunks of 3, 3, 3
+    and 1 with the next one read in the background; from a cold page cache the two are
+    level (docs/benchmarks.md). Graphs under 500 k edges already have ≥ 10 per chunk."""
     size = chunk_size_for(topology, dtype, DEFAULT_BUDGET_BYTES if budget is None else budget)
     floor = max(MIN_CHUNK_GRAPHS, -(-MIN_CHUNK_EDGES // max(topology.num_edges, 1)))
     return max(1, min(size, max(-(-n_items // 4), floor)))
