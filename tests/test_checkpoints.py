@@ -121,3 +121,22 @@ def test_from_dir_reads_run_json(tmp_path):
         Run.from_dir(tmp_path)
     with pytest.raises(CheckpointError, match="run folder not found"):
         Run.from_dir(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_safetensors_read_whole_or_mapped_give_the_same_tensors(tmp_path, monkeypatch, size):
+    """Files up to SMALL_SAFETENSORS are read in one go, larger ones mapped: same tensors,
+    same key selection, same error naming a truncated file, either way."""
+    import dtg_gpu.checkpoints as ck
+
+    if size == "large":
+        monkeypatch.setattr(ck, "SMALL_SAFETENSORS", 0)
+    sd = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int64), "c": torch.randn(2).to(torch.bfloat16)}
+    save_file(sd, tmp_path / "x.safetensors")
+    got = load_state_dict(tmp_path / "x.safetensors")
+    assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) and got[k].dtype == sd[k].dtype for k in sd)
+    assert list(load_state_dict(tmp_path / "x.safetensors", keys=["c", "zz", "a"])) == ["c", "a"]
+    data = (tmp_path / "x.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) - 7])
+    with pytest.raises(CheckpointError, match="cut.safetensors: not a readable safetensors file"):
+        load_state_dict(tmp_path / "cut.safetensors")
