@@ -75,8 +75,9 @@ def test_batched_equals_looped_and_featurize_batches_runs(device):
 
 def test_pipeline_chunks_batch_large_graphs_and_stay_within_the_budget():
     """A run of 10 VGG-16 checkpoints is one batch (chunks of 3, 3, 3, 1 measured 17 % slower
-    end to end on CPU, float32); long runs still split in about four chunks; the memory budget wins over both
-    floors; tiny graphs batch by edges (a LeNet-5 sweep: 1,920 graphs in four chunks)."""
+    end to end on CPU, float32); long runs still split in about four chunks; the memory
+    budget wins over both floors; tiny graphs batch by edges (a LeNet-5 sweep: 1,920 graphs
+    in four chunks)."""
     from dtg_gpu._engine import MIN_CHUNK_GRAPHS, chunk_size_for, pipeline_chunk_size, plan_units
 
     vgg = build_model("vgg16")
