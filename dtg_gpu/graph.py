@@ -104,6 +104,9 @@ def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
     return wide_filter_norms(weight, layer).to(weight.dtype)
 
 
+CDIST_MAX_ROW = 25  # row_norms: longest row for which cdist beat vector_norm (k = 4..25: 0.26-1.0x its time)
+
+
 def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     r"""``‖w[..., :]‖₂`` over the last dimension; on CPU faster than ``vector_norm``.
 
@@ -112,9 +115,11 @@ def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     the origin, in its direct mode (no matrix-product expansion, so no cancellation), takes
     the same :math:`\sqrt{\sum_k w_k^2}` row by row in one pass
     (``benchmarks/bench_filter_norms.py`` measures both: 1.4–2.2× faster in float32, level in
-    float64). It is used for contiguous float32 tensors on CPU; every other case (float64,
-    half precision, strided views, CUDA) takes ``vector_norm``. Both square before summing:
-    see :func:`norms_in_range` for when that is safe.
+    float64). It is used for contiguous float32 tensors on CPU with rows of at most
+    ``CDIST_MAX_ROW`` (25: 3×3 and 5×5 kernels) elements; every other case (float64, half
+    precision, strided views, CUDA, longer rows such as a ``Linear`` after a flatten of 7×7
+    positions, where ``cdist`` measured 1.2–1.8× slower) takes ``vector_norm``. Both square
+    before summing: see :func:`norms_in_range` for when that is safe.
 
     Parameters
     ----------
@@ -133,7 +138,13 @@ def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     tensor([5., 0.])
     """
     k = w.shape[-1]
-    if w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() and k > 1 and w.numel():
+    if (
+        w.device.type == "cpu"
+        and w.dtype == torch.float32
+        and w.is_contiguous()
+        and 1 < k <= CDIST_MAX_ROW
+        and w.numel()
+    ):
         m = w.view(-1, k)
         n = torch.cdist(m, m.new_zeros(1, k), compute_mode="donot_use_mm_for_euclid_dist").view(w.shape[:-1])
         return n if out is None else out.copy_(n)
