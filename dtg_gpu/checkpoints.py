@@ -199,10 +199,11 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
         from safetensors import safe_open
 
         try:
-            if path.stat().st_size <= SMALL_SAFETENSORS:  # one read: ~2.7x faster than mapping a LeNet-5 file
-                with open(path, "rb") as fh:
-                    data = fh.read(SMALL_SAFETENSORS + 1)  # bounded, even if the file grew since
-                if len(data) <= SMALL_SAFETENSORS:
+            size = path.stat().st_size
+            if size <= SMALL_SAFETENSORS:  # one read: ~3x faster than mapping a LeNet-5 file
+                with open(path, "rb") as fh:  # exactly `size` bytes (a 1 MiB buffer costs 3x the read)
+                    data, grew = fh.read(size), fh.read(1)
+                if not grew:  # else it changed since stat: mapped below
                     from safetensors.torch import load as load_bytes
 
                     tensors = load_bytes(data)

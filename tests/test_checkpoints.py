@@ -1,5 +1,7 @@
 import json
+import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +142,27 @@ def test_safetensors_read_whole_or_mapped_give_the_same_tensors(tmp_path, monkey
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) - 7])
     with pytest.raises(CheckpointError, match="cut.safetensors: not a readable safetensors file"):
         load_state_dict(tmp_path / "cut.safetensors")
+
+
+def test_a_small_safetensors_file_that_grows_while_read_is_mapped_instead(tmp_path, monkeypatch):
+    """The one-read path reads exactly the size ``stat`` gave; a file that is longer by then
+    (rewritten between the two) goes through the mapped path, never half-parsed."""
+    import safetensors
+
+    sd = {"a": torch.randn(3, 4)}
+    path = tmp_path / "x.safetensors"
+    save_file(sd, path)
+    real_stat, real_safe_open, mapped = Path.stat, safetensors.safe_open, []
+
+    def stale_stat(self, *a, **k):  # the size as it was before the file grew by 8 bytes
+        st = real_stat(self, *a, **k)
+        return os.stat_result((*st[:6], st.st_size - 8, *st[7:])) if self == path else st
+
+    def spy(name, *a, **k):
+        mapped.append(name)
+        return real_safe_open(name, *a, **k)
+
+    monkeypatch.setattr(Path, "stat", stale_stat)
+    monkeypatch.setattr(safetensors, "safe_open", spy)
+    got = load_state_dict(path)
+    assert torch.equal(got["a"], sd["a"]) and mapped == [str(path)]
