@@ -53,6 +53,7 @@ def test_row_norms_match_numpy_with_nan_inf_and_out(dtype, contiguous):
     (vector_norm: float64, half precision, strided views) give NumPy's float64 norms, propagate
     NaN and Inf per row, write into ``out``, and accept empty input."""
     g = torch.Generator().manual_seed(0)
+    tol = {torch.float16: 2e-3, torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
     for k in (9, 49):  # 3×3 kernels (cdist on contiguous float32) and 7×7 positions (vector_norm)
         w = torch.randn(3, 40, 6, k, generator=g, dtype=torch.float64)
         w[0, 0, 0, 4], w[1, 2, 3, 0], w[2, 5, 1, 8] = float("nan"), float("inf"), -float("inf")
@@ -63,7 +64,6 @@ def test_row_norms_match_numpy_with_nan_inf_and_out(dtype, contiguous):
         expected = np.linalg.norm(x.double().numpy(), axis=-1)
         got = row_norms(x)
         assert got.dtype == dtype and got.shape == x.shape[:-1]
-        tol = {torch.float16: 2e-3, torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
         np.testing.assert_allclose(got.double().numpy(), expected, rtol=tol)  # NaN and Inf at the same places
         out = torch.full(x.shape[:-1], -1.0, dtype=dtype)
         assert row_norms(x, out=out) is out
