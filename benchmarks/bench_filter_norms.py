@@ -4,8 +4,10 @@ conv weight on this machine, each timed as the best of 15, in GB/s of the weight
 * ``read``: ``w.sum()``, one pass over the weights (the floor a norm kernel is measured against);
 * ``vector_norm``: ``torch.linalg.vector_norm(w.view(-1, 9), dim=-1, out=...)`` (what
   ``dtg_gpu.graph.plain_filter_norms`` did until session 12, and still does off CPU);
+* ``native kernel (row_norms)``: ``dtg_gpu.graph.row_norms``, what ``plain_filter_norms`` does on
+  CPU: the compiled kernel of ``dtg_gpu._native`` (session 14) where it can be built;
 * ``cdist to the origin``: ``torch.cdist(w.view(-1, 9), zeros(1, 9))`` in its direct mode
-  (``dtg_gpu.graph.row_norms``, what ``plain_filter_norms`` does on CPU);
+  (``row_norms`` in sessions 12–13, and still where the compiled kernel is off or unavailable);
 * ``einsum``: ``torch.einsum("mk,mk->m", w, w)`` then ``sqrt``;
 * ``mul + sum``: the squares into a preallocated buffer, then ``sum(-1)``;
 * ``chunked mul + sum``: the same through a cache-sized buffer, 32,768 rows at a time;
@@ -14,13 +16,16 @@ conv weight on this machine, each timed as the best of 15, in GB/s of the weight
   ``sqrt((y * y).sum(1))`` on 16-row tiles ``w.view(-1, 16, 9).transpose(1, 2)``, the
   fastest form of the ones tried, as a ceiling for what generated code reaches here.
 
+Then the same three kernels over row lengths 2…400 (the same 37.7 MB, float32 and float64), which
+is how ``row_norms`` chooses: the compiled kernel for every row length of two or more.
+
 Then the products with a filter-norm block ``B [G, out, in]`` that a Lanczos step takes,
 ``B x`` and ``Bᵀ y``: ``B x`` as a batched matrix × column vector, as ``xᵀ Bᵀ`` through the
 transposed *view* (what ``BlockOperator`` does on CPU), and as ``xᵀ`` times a transposed
 contiguous copy (``BlockOperator(transposed_copy=True)``), with the copy's own cost and the
 number of products after which it pays. Last, ``analyze`` end to end on CIFAR VGG checkpoints
-both ways (the engine's operator patched to make the copy), with the norms by ``vector_norm``,
-and with the chunks as before session 13 (about four per call, so 3-graph batches for a
+both ways (the engine's operator patched to make the copy), with the norms by ``cdist`` (the
+compiled kernel patched out) and by ``vector_norm``, and with the chunks as before session 13 (about four per call, so 3-graph batches for a
 10-checkpoint VGG-16 run: ``MIN_CHUNK_GRAPHS`` patched to 1), alternated three times.
 
 Usage: python benchmarks/bench_filter_norms.py [--out benchmarks/results] [--threads 2] [--inductor]
@@ -38,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dtg_gpu._native import native_status  # noqa: E402
 from dtg_gpu.graph import row_norms  # noqa: E402
 
 
@@ -78,7 +84,8 @@ def main(argv=None) -> None:
     ways = {
         "read": lambda: w.sum(),
         "vector_norm": lambda: torch.linalg.vector_norm(v, dim=-1, out=out),
-        "cdist to the origin (row_norms)": lambda: row_norms(v, out=out),
+        "native kernel (row_norms)": lambda: row_norms(v, out=out),
+        "cdist to the origin": lambda: torch.cdist(v, v.new_zeros(1, 9), compute_mode="donot_use_mm_for_euclid_dist"),
         "einsum": lambda: torch.einsum("mk,mk->m", v, v).sqrt_(),
         "mul + sum": mul_sum,
         "chunked mul + sum": chunked,
@@ -87,6 +94,8 @@ def main(argv=None) -> None:
     if a.inductor:
         tiles = torch.compile(lambda x: torch.sqrt((x * x).sum(1)), dynamic=False)
         ways["torch.compile, 16-row tiles (not shipped)"] = lambda: tiles(v.view(-1, 16, 9).transpose(1, 2))
+    status = native_status()
+    print(status, flush=True)
     gb = w.numel() * w.element_size() / 1e9
     rows = []
     for name, f in ways.items():
@@ -96,11 +105,23 @@ def main(argv=None) -> None:
     read = rows[0]["ms"]
     lines = [
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on cpu ({a.threads} threads), torch {torch.__version__}: "
-        f"norms of {m:,} 3×3 kernel slices ({gb * 1e3:.1f} MB). `python benchmarks/bench_filter_norms.py`.",
+        f"norms of {m:,} 3×3 kernel slices ({gb * 1e3:.1f} MB). `python benchmarks/bench_filter_norms.py`. "
+        f"Row norms: {status}.",
         "",
         "| way | ms | GB/s | × read |",
         "|---|---|---|---|",
     ] + [f"| {r['way']} | {r['ms']} | {r['GB/s']} | {r['ms'] / read:.1f} |" for r in rows]
+    lengths = row_lengths()
+    lines += [
+        "",
+        "Row lengths (the same 37.7 MB as `[rows, k]`; time as × a read of it, best of 11):",
+        "",
+        "| dtype | k | read ms | native kernel | cdist | vector_norm |",
+        "|---|---|---|---|---|---|",
+    ] + [
+        f"| {r['dtype']} | {r['k']} | {r['read_ms']} | {r['native']} | {r['cdist']} | {r['vector_norm']} |"
+        for r in lengths
+    ]
     products = product_forms()
     lines += [
         "",
@@ -120,23 +141,52 @@ def main(argv=None) -> None:
         "",
         "`analyze` end to end (ms per graph, best of 3 alternated runs; random-walk checkpoints of CIFAR VGG): "
         "products on the transposed view against a transposed copy per block, and (view) with the filter norms "
-        "taken by `vector_norm` as before session 12 instead of `row_norms`, and (view) in about four chunks per "
+        "taken by `cdist` as in sessions 12–13 and by `vector_norm` as before them instead of the compiled kernel, "
+        "and (view) in about four chunks per "
         "call as before session 13 (`MIN_CHUNK_GRAPHS` = 1: chunks of 3, 3, 3, 1 graphs for VGG-16 at T = 10); "
         "max |Δ centrality| between view and copy.",
         "",
-        "| model | T | dtype | view | copy | view, vector_norm norms | view, four chunks | max abs diff |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | T | dtype | view | copy | view, cdist norms | view, vector_norm norms | view, four chunks "
+        "| max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|",
     ] + [
-        f"| {r['model']} | {r['T']} | {r['dtype']} | {r['view']} | {r['copy']} | {r.get('vector_norm', '–')} | "
+        f"| {r['model']} | {r['T']} | {r['dtype']} | {r['view']} | {r['copy']} | {r['cdist']} | "
+        f"{r.get('vector_norm', '–')} | "
         f"{r.get('four_chunks', '–')} | {r['max_abs_diff']:.1e} |"
         for r in ends
     ]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    saved = {"norms": rows, "products": products, "analyze": ends}
+    saved = {"row_norms": status, "norms": rows, "row_lengths": lengths, "products": products, "analyze": ends}
     (out_dir / "filter_norms_cpu.json").write_text(json.dumps(saved, indent=2))
     (out_dir / "filter_norms_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def row_lengths() -> list[dict]:
+    """``row_norms`` (the compiled kernel), ``cdist`` and ``vector_norm`` on ``[rows, k]``, as × a read."""
+    import dtg_gpu._native as native
+
+    if native.native_status().startswith("native"):
+        assert native.native_row_norms(torch.ones(1, 2), torch.empty(1))  # the row below is the kernel
+    rows = []
+    for dtype in (torch.float32, torch.float64):
+        for k in (2, 4, 9, 16, 25, 49, 64, 400):
+            x = torch.randn(4 * 512 * 512 * 9 // k, k, dtype=dtype)
+            out = torch.empty(x.shape[0], dtype=dtype)
+            zero = x.new_zeros(1, k)
+            read = _best(lambda: x.sum(), 11)
+            times = {
+                "native": _best(lambda: row_norms(x, out=out), 11),
+                "cdist": _best(lambda: torch.cdist(x, zero, compute_mode="donot_use_mm_for_euclid_dist"), 11),
+                "vector_norm": _best(lambda: torch.linalg.vector_norm(x, dim=-1, out=out), 11),
+            }
+            rows.append(
+                {"dtype": str(dtype).removeprefix("torch."), "k": k, "read_ms": round(read * 1e3, 3)}
+                | {n: round(t / read, 2) for n, t in times.items()}
+            )
+            print(rows[-1], flush=True)
+    return rows
 
 
 def product_forms() -> list[dict]:
@@ -186,7 +236,12 @@ def end_to_end() -> list[dict]:
     import dtg_gpu._engine as engine
     import dtg_gpu.graph as graph
 
-    made, fast, min_graphs = engine.BlockOperator, graph.row_norms, engine.MIN_CHUNK_GRAPHS
+    made, fast, min_graphs, native = (
+        engine.BlockOperator,
+        graph.row_norms,
+        engine.MIN_CHUNK_GRAPHS,
+        graph.native_row_norms,
+    )
     rows = []
     for name, t in (("vgg16", 10), ("vgg11", 50)):
         model = build_model(name)
@@ -201,13 +256,15 @@ def end_to_end() -> list[dict]:
         run = dtg_gpu.Run(model=model, checkpoints=ckpts)
         for dtype in (torch.float32, torch.float64):
             dtg_gpu.analyze(dtg_gpu.Run(model=model, checkpoints=ckpts[:1]), device="cpu", dtype=dtype)
-            times: dict[str, list[float]] = {"view": [], "copy": [], "vector_norm": [], "four_chunks": []}
+            times: dict[str, list[float]] = {"view": [], "copy": [], "cdist": [], "vector_norm": [], "four_chunks": []}
             cent = {}
             for _ in range(3):
                 for mode in times:
                     engine.BlockOperator = (  # type: ignore[misc]
                         (lambda *a, **k: made(*a, transposed_copy=True, **k)) if mode == "copy" else made
                     )
+                    if mode == "cdist":  # the norms as in sessions 12-13 (no compiled kernel)
+                        graph.native_row_norms = lambda m, out: False
                     if mode == "vector_norm":  # the norms as before session 12
                         graph.row_norms = _vector_norm
                     if mode == "four_chunks":  # the chunks as before session 13
@@ -219,6 +276,7 @@ def end_to_end() -> list[dict]:
                     finally:
                         engine.BlockOperator = made  # type: ignore[misc]
                         graph.row_norms = fast
+                        graph.native_row_norms = native
                         engine.MIN_CHUNK_GRAPHS = min_graphs
             rows.append(
                 {
@@ -227,6 +285,7 @@ def end_to_end() -> list[dict]:
                     "dtype": str(dtype).removeprefix("torch."),
                     "view": round(min(times["view"]) * 1e3, 2),
                     "copy": round(min(times["copy"]) * 1e3, 2),
+                    "cdist": round(min(times["cdist"]) * 1e3, 2),
                     "vector_norm": round(min(times["vector_norm"]) * 1e3, 2),
                     "four_chunks": round(min(times["four_chunks"]) * 1e3, 2),
                     "max_abs_diff": float((cent["view"] - cent["copy"]).abs().max()),

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 from torch import nn
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "DTG_GPU_NATIVE_CACHE" not in os.environ:  # the compiled norm kernel, built once per test session
+    os.environ["DTG_GPU_NATIVE_CACHE"] = tempfile.mkdtemp(prefix="dtg_gpu_native_tests_")
+    atexit.register(shutil.rmtree, os.environ["DTG_GPU_NATIVE_CACHE"], True)
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
