@@ -49,9 +49,24 @@ DTG_AVX2 static inline __m256d hsum4_pd(const __m256d *a) {
     return _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20), _mm256_permute2f128_pd(t0, t1, 0x31));
 }
 
+/* lanewise sums of squares of one row: four independent accumulators over blocks of 32 (so a
+ * long row is not one chain of dependent FMAs), then the rest and the masked tail into the first */
 DTG_AVX2 static inline __m256 row_sq_ps(const float *p, int64_t full, int64_t rem, __m256i mask) {
     __m256 a = _mm256_setzero_ps();
-    for (int64_t c = 0; c < full; c++) {
+    int64_t c = 0;
+    if (full >= 4) {
+        __m256 b = _mm256_setzero_ps(), d = _mm256_setzero_ps(), e = _mm256_setzero_ps();
+        for (; c + 4 <= full; c += 4) {
+            __m256 v0 = _mm256_loadu_ps(p + 8 * c), v1 = _mm256_loadu_ps(p + 8 * c + 8);
+            __m256 v2 = _mm256_loadu_ps(p + 8 * c + 16), v3 = _mm256_loadu_ps(p + 8 * c + 24);
+            a = _mm256_fmadd_ps(v0, v0, a);
+            b = _mm256_fmadd_ps(v1, v1, b);
+            d = _mm256_fmadd_ps(v2, v2, d);
+            e = _mm256_fmadd_ps(v3, v3, e);
+        }
+        a = _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(d, e));
+    }
+    for (; c < full; c++) {
         __m256 v = _mm256_loadu_ps(p + 8 * c);
         a = _mm256_fmadd_ps(v, v, a);
     }
@@ -64,7 +79,20 @@ DTG_AVX2 static inline __m256 row_sq_ps(const float *p, int64_t full, int64_t re
 
 DTG_AVX2 static inline __m256d row_sq_pd(const double *p, int64_t full, int64_t rem, __m256i mask) {
     __m256d a = _mm256_setzero_pd();
-    for (int64_t c = 0; c < full; c++) {
+    int64_t c = 0;
+    if (full >= 4) {
+        __m256d b = _mm256_setzero_pd(), d = _mm256_setzero_pd(), e = _mm256_setzero_pd();
+        for (; c + 4 <= full; c += 4) {
+            __m256d v0 = _mm256_loadu_pd(p + 4 * c), v1 = _mm256_loadu_pd(p + 4 * c + 4);
+            __m256d v2 = _mm256_loadu_pd(p + 4 * c + 8), v3 = _mm256_loadu_pd(p + 4 * c + 12);
+            a = _mm256_fmadd_pd(v0, v0, a);
+            b = _mm256_fmadd_pd(v1, v1, b);
+            d = _mm256_fmadd_pd(v2, v2, d);
+            e = _mm256_fmadd_pd(v3, v3, e);
+        }
+        a = _mm256_add_pd(_mm256_add_pd(a, b), _mm256_add_pd(d, e));
+    }
+    for (; c < full; c++) {
         __m256d v = _mm256_loadu_pd(p + 4 * c);
         a = _mm256_fmadd_pd(v, v, a);
     }
