@@ -6,6 +6,7 @@ a small classifier. See the README and ``docs/method.md`` (the method, step by s
 
 from __future__ import annotations
 
+from ._native import native_status
 from .analysis import AnalysisResult, analyze, featurize
 from .centrality import EigenResult, eigenvector_centrality, solve_perron
 from .checkpoints import Run, load_state_dict
@@ -63,6 +64,7 @@ __all__ = [
     "temporal_reinforcement",
     "BlockOperator",
     "filter_norms",
+    "native_status",
     "STATISTICS",
     "timestep_statistics",
     "ChannelTopology",

@@ -47,14 +47,14 @@ from typing import cast
 
 import torch
 
-__all__ = ["native_row_norms", "native_status", "ROWS_PER_THREAD"]
+__all__ = ["native_row_norms", "native_status", "ELEMENTS_PER_THREAD"]
 
 ENV_SWITCH = "DTG_GPU_NATIVE"
 ENV_CACHE = "DTG_GPU_NATIVE_CACHE"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "row_norms.c"
 FLAGS = ("-O3", "-shared", "-fPIC")
 ABI = 1
-ROWS_PER_THREAD = 32_768  # below this many rows a call stays on the calling thread
+ELEMENTS_PER_THREAD = 1 << 18  # a call is split over threads in parts of at least this many weights (1 MiB f32)
 COMPILE_TIMEOUT_S = 120
 
 Kernel = Callable[[int, int, int, int], None]  # (x pointer, out pointer, rows, k)
@@ -146,7 +146,7 @@ def _load() -> tuple[dict[torch.dtype, Kernel] | None, str]:
         try:
             return _bind(cached), f"native kernel ({cached})"
         except RuntimeError as e:
-            return None, f"native kernel unavailable ({e}): torch kernels"
+            return None, f"no native kernel ({e}): torch kernels"
         except OSError:
             pass  # unreadable or from a different build: compile it again below
     cc = _compiler()
@@ -161,7 +161,7 @@ def _load() -> tuple[dict[torch.dtype, Kernel] | None, str]:
             kernels = _bind(built)  # the mapping outlives the file
         return kernels, f"native kernel (compiled for this process: {folder} is not private to this user)"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return None, f"native kernel unavailable ({e}): torch kernels"
+        return None, f"no native kernel ({e}): torch kernels"
 
 
 def _kernels_loaded() -> dict[torch.dtype, Kernel] | None:
@@ -174,11 +174,24 @@ def _kernels_loaded() -> dict[torch.dtype, Kernel] | None:
 
 
 def native_status() -> str:
-    """Which kernel takes CPU row norms in this process, and why (loads it if not yet loaded).
+    """Which kernel takes the filter norms on CPU in this process, and why.
+
+    The first call loads (or compiles, see :mod:`dtg_gpu._native` and ``docs/trust.md``) the
+    compiled kernel; later calls return the same answer. Benchmarks print it beside their
+    numbers.
+
+    Returns
+    -------
+    str
+        ``"native kernel (<library path>)"`` when the compiled kernel is used, else the reason
+        it is not (``DTG_GPU_NATIVE=0``, no compiler, a failed compile, a CPU without AVX2/FMA,
+        another architecture) followed by ``": torch kernels"``.
 
     Examples
     --------
-    >>> native_status().startswith(("native kernel", "off", "no ")) or "unavailable" in native_status()
+    >>> import dtg_gpu
+    >>> s = dtg_gpu.native_status()
+    >>> s.startswith("native kernel (") or s.endswith("torch kernels")
     True
     """
     _kernels_loaded()
@@ -204,7 +217,7 @@ def native_row_norms(m: torch.Tensor, out: torch.Tensor) -> bool:
     Notes
     -----
     Rows are split over ``torch.get_num_threads()`` threads (ctypes releases the GIL) in
-    parts of at least ``ROWS_PER_THREAD`` rows; a row's norm does not depend on the split.
+    parts of at least ``ELEMENTS_PER_THREAD`` weights; a row's norm does not depend on the split.
     """
     if not (
         m.device.type == "cpu"
@@ -226,7 +239,7 @@ def native_row_norms(m: torch.Tensor, out: torch.Tensor) -> bool:
     if rows == 0:
         return True
     es = m.element_size()
-    parts = max(1, min(torch.get_num_threads(), rows // ROWS_PER_THREAD))
+    parts = max(1, min(torch.get_num_threads(), rows, rows * k // ELEMENTS_PER_THREAD))
     if parts == 1:
         f(m.data_ptr(), out.data_ptr(), rows, k)
         return True

@@ -61,7 +61,7 @@ def test_the_kernel_is_built_where_a_compiler_and_avx2_are():
 def test_native_row_norms_match_a_float64_reference(dtype, k):
     g = torch.Generator().manual_seed(k)
     eps = torch.finfo(dtype).eps
-    for rows in (0, 1, 7, 8, 9, 13, 2 * native.ROWS_PER_THREAD + 5):  # tails, and parts on two threads
+    for rows in (0, 1, 7, 8, 9, 13, 2 * native.ELEMENTS_PER_THREAD // k + 5):  # tails, and parts on two threads
         m = torch.randn(rows, k, generator=g, dtype=dtype) * torch.logspace(-3, 3, k, dtype=dtype)
         out = torch.full((rows,), -1.0, dtype=dtype)
         assert native.native_row_norms(m, out)
@@ -72,7 +72,9 @@ def test_native_row_norms_match_a_float64_reference(dtype, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [3, 9, 25])
 def test_a_rows_norm_is_the_same_bits_wherever_it_sits_and_however_rows_are_split(dtype, k):
-    m = torch.randn(2 * native.ROWS_PER_THREAD + 11, k, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    m = torch.randn(
+        2 * native.ELEMENTS_PER_THREAD // k + 11, k, generator=torch.Generator().manual_seed(1), dtype=dtype
+    )
     whole = torch.empty(m.shape[0], dtype=dtype)
     assert native.native_row_norms(m, whole)
     for start in range(1, 9):  # every position in a group of eight rows, and the tail
@@ -168,7 +170,7 @@ def test_no_compiler_or_a_failing_one_falls_back(fresh, monkeypatch):
     monkeypatch.setenv("CC", shutil.which("false") or "false")
     status = native.native_status()
     if platform.machine().lower() in ("x86_64", "amd64"):
-        assert "unavailable" in status and "failed" in status, status
+        assert status.startswith("no native kernel") and "failed" in status, status
         assert [p.name for p in fresh.iterdir()] == []  # no half-written library left behind
     assert not native.native_row_norms(torch.ones(2, 9), torch.empty(2))
     _same_norms_as_with_the_kernel()
@@ -216,7 +218,7 @@ def test_a_cache_others_can_write_is_not_loaded(fresh):
     os.chmod(fresh, stat.S_IRWXU)
 
 
-_BIG = torch.randn(3 * native.ROWS_PER_THREAD, 9, generator=torch.Generator().manual_seed(4))
+_BIG = torch.randn(native.ELEMENTS_PER_THREAD // 3, 9, generator=torch.Generator().manual_seed(4))
 
 
 def _child(q):
