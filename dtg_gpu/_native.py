@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shlex
@@ -120,7 +121,22 @@ def _bind(path: Path) -> dict[torch.dtype, Kernel]:
         f.restype = None
         f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         kernels[dtype] = cast(Kernel, f)
+    _self_test(kernels)
     return kernels
+
+
+def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
+    """Refuse a library that computes wrong norms (a miscompile, a foreign ``$CC``): a few
+    rows of every length class against sums of squares taken in Python."""
+    for dtype, f in kernels.items():
+        for k in (2, 9, 25, 37):
+            rows = [[float((3 * r + 5 * c) % 11 - 5) for c in range(k)] for r in range(13)]
+            x = torch.tensor(rows, dtype=dtype)
+            out = torch.full((13,), -1.0, dtype=dtype)
+            f(x.data_ptr(), out.data_ptr(), 13, k)
+            want = torch.tensor([math.sqrt(sum(v * v for v in row)) for row in rows], dtype=torch.float64)
+            if not torch.allclose(out.double(), want, rtol=1e-6, atol=0.0):
+                raise RuntimeError(f"the compiled kernel failed its self-test ({dtype}, rows of {k})")
 
 
 def library_name() -> str:

@@ -243,3 +243,14 @@ def test_a_forked_child_gets_its_own_threads():
         if p.is_alive():
             p.kill()
     assert got is not None and got == parent.numpy().tobytes()
+
+
+@needs_kernel
+def test_a_library_that_computes_wrong_norms_is_refused(fresh, monkeypatch, tmp_path):
+    wrong = tmp_path / "wrong.c"  # the real kernel with the square root left out
+    wrong.write_text(native.SOURCE.read_text().replace("_mm256_sqrt_ps(", "(").replace("_mm256_sqrt_pd(", "("))
+    monkeypatch.setattr(native, "SOURCE", wrong)
+    status = native.native_status()
+    assert status.startswith("no native kernel") and "self-test" in status, status
+    assert not native.native_row_norms(torch.ones(2, 9), torch.empty(2))
+    _same_norms_as_with_the_kernel()
