@@ -20,6 +20,7 @@ PUBLIC = {
     "channel_topology",
     "BlockOperator",
     "filter_norms",
+    "native_status",  # which kernel takes the CPU filter norms (session 14): benchmarks report it
     "eigenvector_centrality",
     "solve_perron",
     "EigenResult",
