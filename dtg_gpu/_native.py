@@ -2,9 +2,9 @@ r"""The one compiled kernel: row norms on CPU at memory bandwidth (optional, bui
 
 ``torch.linalg.vector_norm(w, dim=-1)`` and ``torch.cdist`` reduce a short inner dimension (the
 9 weights of a 3×3 kernel slice) one row at a time, each row ending in a horizontal sum; on
-CPU that takes 2.5–4.6× the time of a plain read of the weights
+CPU that takes 2.0–4.9× the time of a plain read of the weights
 (``benchmarks/bench_filter_norms.py``). ``csrc/row_norms.c`` squares and sums eight rows at
-once in vector registers and takes their horizontal sums together (1.2–1.4× a read for 3×3
+once in vector registers and takes their horizontal sums together (1.1–1.6× a read for 3×3
 slices). It is plain C99 with AVX2 intrinsics, no Python or torch headers, so it compiles in
 under a second with the system's C compiler; the library uses it when it can and otherwise
 keeps torch's kernels, whose results agree to rounding (both sum the squares in the input's
@@ -141,7 +141,8 @@ def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
 
 def library_name() -> str:
     """``row_norms-<hash>.so``: the hash covers the source, the flags and the platform."""
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode()]))
+    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode(), sys.platform.encode()]
+    key = hashlib.sha256(b"\0".join(parts))
     return f"row_norms-{key.hexdigest()[:16]}.so"
 
 

@@ -114,8 +114,8 @@ def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     ``torch.linalg.vector_norm(w, dim=-1)`` reduces a short inner dimension (the 9 weights
     of a 3×3 kernel slice) at a fraction of memory bandwidth on CPU: every row ends in a
     horizontal sum. On CPU, contiguous float32/float64 rows go to the compiled kernel of
-    :mod:`dtg_gpu._native` (eight rows summed at once in vector registers: 1.2–1.4× the time
-    of a plain read for 3×3 slices, against 2.5× for ``cdist`` and 4.6× for ``vector_norm``,
+    :mod:`dtg_gpu._native` (eight rows summed at once in vector registers: 1.1–1.6× the time
+    of a plain read for 3×3 slices, against 2.0–2.8× for ``cdist`` and 3.6–4.9× for ``vector_norm``,
     ``benchmarks/bench_filter_norms.py``). Where that kernel is off or cannot be built,
     float32 rows of at most ``CDIST_MAX_ROW`` (25: 3×3 and 5×5 kernels) elements take
     ``torch.cdist`` against the origin in its direct mode (no matrix-product expansion, so no
