@@ -148,13 +148,13 @@ def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         and k > 1
         and not (w.requires_grad and torch.is_grad_enabled())
     ):
-        if out is not None and out.dtype == w.dtype and out.is_contiguous() and out.shape == w.shape[:-1]:
-            if native_row_norms(w.view(-1, k), out.view(-1)):
-                return out
-        else:
-            n = torch.empty(w.shape[:-1], dtype=w.dtype)
-            if native_row_norms(w.view(-1, k), n.view(-1)):
-                return n if out is None else out.copy_(n)
+        n = (
+            out
+            if out is not None and out.dtype == w.dtype and out.is_contiguous() and out.shape == w.shape[:-1]
+            else torch.empty(w.shape[:-1], dtype=w.dtype)
+        )
+        if native_row_norms(w.view(-1, k), n.view(-1)):
+            return n if out is None or n is out else out.copy_(n)
     if (
         w.device.type == "cpu"
         and w.dtype == torch.float32

@@ -131,6 +131,9 @@ def test_row_norms_any_layout_and_out(dtype):
     tol = {"rtol": 1e-3, "atol": 0.0} if dtype == torch.float16 else {"rtol": 1e-6, "atol": 0.0}
     torch.testing.assert_close(row_norms(w).double(), ref, **tol)
     torch.testing.assert_close(row_norms(w.transpose(0, 1)).double(), ref.transpose(0, 1), **tol)
+    out = torch.empty(3, 5, dtype=dtype)  # contiguous out of w's dtype: written in place
+    assert row_norms(w, out=out) is out
+    torch.testing.assert_close(out.double(), ref, **tol)
     out = torch.empty(5, 3, dtype=dtype).t()  # non-contiguous out
     assert row_norms(w, out=out) is out
     torch.testing.assert_close(out.double(), ref, **tol)
