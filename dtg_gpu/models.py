@@ -1,4 +1,5 @@
-r"""Seed models of method step 1: LeNet-5, CIFAR-form VGG, ResNet-18/34 and CIFAR ResNet-20/32.
+r"""Seed models of method step 1: LeNet-5, CIFAR-form VGG, ResNet-18/34, CIFAR ResNet-20/32
+and a small MobileNet-style depthwise-separable net.
 
 Every constructor takes ``num_classes``, ``in_channels`` and ``dropout`` (the rate swept
 with the learning rate), so one registry builds any run's model from its ``run.json``.
@@ -19,6 +20,7 @@ __all__ = [
     "resnet34",
     "resnet20",
     "resnet32",
+    "MobileNetS",
     "vgg11",
     "vgg13",
     "vgg16",
@@ -178,6 +180,43 @@ def resnet32(**kw) -> CifarResNet:
     return CifarResNet(32, **kw)
 
 
+class _SeparableBlock(nn.Module):
+    """Depthwise 3×3 conv + BN + ReLU, then pointwise 1×1 conv + BN + ReLU (MobileNet v1)."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.dw = nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False)
+        self.bn1 = nn.BatchNorm2d(cin)
+        self.pw = nn.Conv2d(cin, cout, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn2(self.pw(torch.relu(self.bn1(self.dw(x))))))
+
+
+class MobileNetS(nn.Module):
+    """A small MobileNet (v1) for 32×32 inputs: a 3×3 stem, five depthwise-separable blocks
+    (``width``, 2·, 2·, 4·, 4·, 8·``width`` channels, three of stride 2), global average
+    pooling, dropout and one linear layer."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, dropout: float = 0.0, width: int = 8):
+        super().__init__()
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"MobileNetS width must be a positive integer, got {width!r}")
+        self.stem = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        plan = [(width, 2 * width, 2), (2 * width, 2 * width, 1), (2 * width, 4 * width, 2)]
+        plan += [(4 * width, 4 * width, 1), (4 * width, 8 * width, 2)]
+        self.blocks = nn.Sequential(*(_SeparableBlock(a, b, s) for a, b, s in plan))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(8 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.blocks(torch.relu(self.bn(self.stem(x))))).flatten(1)
+        return self.fc(self.dropout(x))
+
+
 def _torchvision_resnet(
     builder: Callable, num_classes: int = 10, in_channels: int = 3, dropout: float = 0.0
 ) -> nn.Module:
@@ -212,11 +251,13 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet34": resnet34,
     "resnet20": resnet20,
     "resnet32": resnet32,
+    "mobilenets": MobileNetS,
 }
 
 
 def build_model(name: str, **kwargs) -> nn.Module:
-    """Build a registered model by name (``"lenet5"``, ``"vgg16"``, ``"resnet20"``, ...).
+    """Build a registered model by name (``"lenet5"``, ``"vgg16"``, ``"resnet20"``,
+    ``"mobilenet-s"``, ...).
 
     Raises
     ------

@@ -71,8 +71,8 @@ def test_cosine_schedule_grouped_trains_like_one_run_at_a_time(tmp_path):
                 assert rel(wa, wb) < 1e-5 and rel(wa, wc) == 0.0
             else:
                 assert rel(wa, wb) < 1e-2 and rel(wa, wc) > 0.1
-    with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine"):
-        SweepConfig(lr_schedule="step").validate()
+    with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine, step"):
+        SweepConfig(lr_schedule="linear").validate()
 
 
 def test_a_sweep_written_before_weight_decay_resumes(tmp_path):

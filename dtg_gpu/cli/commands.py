@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..sweep_config import LR_SCHEDULES, OPTIMIZERS, PRESETS
+
 
 def _device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available)")
@@ -152,11 +154,17 @@ def _sweep_args(p):
     p.add_argument(
         "--preset",
         default=None,
-        choices=("lenet5-digits", "vgg11-digits", "resnet20-digits"),  # sweeps.PRESETS (no torch import here)
-        help="a sweep of the benchmark set; the flags below override its fields",
+        choices=tuple(PRESETS),
+        help="a sweep of the benchmark suite; the flags below override its fields",
     )
-    p.add_argument("--model", default=None, help="lenet5, vgg11/13/16/19, resnet18/34, resnet20/32 (default lenet5)")
-    p.add_argument("--dataset", default=None, help="digits (offline, default), mnist, cifar10, cifar100")
+    p.add_argument(
+        "--model", default=None, help="lenet5, vgg11/13/16/19, resnet18/34, resnet20/32, mobilenet-s (default lenet5)"
+    )
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="digits (offline, default), shapes (offline, procedural), mnist, cifar10, cifar100",
+    )
     p.add_argument("--lr", type=float, nargs="+", default=None, help="default 0.001 0.01 0.1")
     p.add_argument("--dropout", type=float, nargs="+", default=None, help="default 0 0.3 0.6")
     p.add_argument("--seeds", type=int, default=None, help="default 1")
@@ -164,14 +172,20 @@ def _sweep_args(p):
     p.add_argument("--checkpoint-every", type=int, default=None, help="default 1")
     p.add_argument("--checkpoint-unit", choices=["epoch", "step"], default=None, help="default epoch")
     p.add_argument("--batch-size", type=int, default=None, help="default 64")
-    p.add_argument("--optimizer", choices=["sgd", "adam"], default=None, help="default sgd")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="default sgd")
     p.add_argument("--momentum", type=float, default=None, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=float, default=None, help="L2 weight decay (default 0)")
     p.add_argument(
-        "--lr-schedule", choices=["constant", "cosine"], default=None, help="per-epoch learning rate (default constant)"
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default=None,
+        help="per-epoch learning rate: constant, cosine, or step (x0.1 after 1/2 and 3/4 of the epochs); default constant",
     )
     p.add_argument(
-        "--width", type=float, default=None, help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16)"
+        "--width",
+        type=float,
+        default=None,
+        help="VGG: channel multiplier (e.g. 0.0625); resnet20/32: base width (16); mobilenet-s: base width (8)",
     )
     p.add_argument(
         "--group-size",
@@ -194,10 +208,11 @@ def _width_kwargs(model: str, width: float | None) -> dict:
         raise ValueError(f"--width must be positive, got {width}")
     if model.startswith("vgg"):
         return {"width": width}
-    if model in ("resnet20", "resnet32") and float(width).is_integer():
+    if model.replace("-", "") in ("resnet20", "resnet32", "mobilenets") and float(width).is_integer():
         return {"width": int(width)}
     raise ValueError(
-        f"--width applies to vgg* (a multiplier) and resnet20/32 (an integer base width), not to {model} with {width}"
+        f"--width applies to vgg* (a multiplier) and resnet20/32, mobilenet-s (an integer base width), "
+        f"not to {model} with {width}"
     )
 
 
@@ -222,8 +237,9 @@ def _sweep_run(a) -> int:
     }
     changes: dict = {k: v for k, v in given.items() if v is not None}
     model = changes.get("model", base.model)
-    if a.width is not None:
-        changes["model_kwargs"] = _width_kwargs(model, a.width)
+    if a.width is not None:  # other keywords of the preset's model (VGG's batch_norm) are kept
+        same = model == base.model
+        changes["model_kwargs"] = {**(base.model_kwargs if same else {}), **_width_kwargs(model, a.width)}
     elif "model" in changes and model != base.model:
         changes["model_kwargs"] = {}  # the preset's width belongs to the preset's model
     cfg = SweepConfig.preset(a.preset, **changes) if a.preset else SweepConfig(**changes)
