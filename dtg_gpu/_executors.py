@@ -23,7 +23,7 @@ import torch
 from ._engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
 from .centrality import Method
 from .checkpoints import Run
-from .feature_cache import CachedRun, FeatureCache, architecture_signature, unit_key
+from .feature_cache import CachedRun, FeatureCache, architecture_signature, run_id, unit_key
 from .layout import StatisticsLayout
 from .statistics import layer_node_groups, layer_statistics, timestep_statistics
 from .topology import ChannelTopology
@@ -145,7 +145,7 @@ def store(cache: FeatureCache | None, runs: Sequence[Run], key: str | None, resu
         return
     for run, entry, errors in zip(runs, result.entries, result.errors):
         if all(e is None for e in errors):
-            cache.store(str(run.name), key, entry)
+            cache.store(run_id(run, cache.root), key, entry)
 
 
 def _solve_local(
@@ -228,7 +228,7 @@ def featurize_runs(
     todo = []
     for job in jobs:
         if job.key is not None and cache is not None:
-            hits = [cache.load(str(r.name), job.key, s.k, s.width(job.topology), s.dtype) for r in job.runs]
+            hits = [cache.load(run_id(r, cache.root), job.key, s.k, s.width(job.topology), s.dtype) for r in job.runs]
             found = [h for h in hits if h is not None]
             if len(found) == len(hits):
                 job.result = UnitResult(found, [[None] * s.k for _ in found])
@@ -309,5 +309,5 @@ def default_cache(runs: Any, cache: Any) -> FeatureCache | None:
             if cache is True:
                 raise ValueError("cache=True needs runs from load_sweep (a sweep folder); pass a folder")
             return None
-        return FeatureCache(Path(root) / CACHE_DIRNAME, root=root)
+        return FeatureCache(Path(root) / CACHE_DIRNAME, root=root, confine=True)
     return FeatureCache(cache)

@@ -13,6 +13,7 @@ Nothing is unpickled that could execute code: such a file raises
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -162,7 +163,35 @@ def _tensors_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+def _hash_mismatch(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{path}: its SHA-256 is not the one run.json recorded (the file changed since training; "
+        "rerun dtg sweep to train the run again)"
+    )
+
+
+def _check_sha256(path: Path, sha256: str | None, data: bytes | None = None) -> None:
+    """Raise unless the file (or ``data``, its bytes already read) has the recorded hash."""
+    if sha256 is None:
+        return
+    if data is not None:
+        digest = hashlib.sha256(data).hexdigest()
+    else:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        digest = h.hexdigest()
+    if digest != sha256:
+        raise _hash_mismatch(path)
+
+
+def load_state_dict(
+    path: str | os.PathLike, keys: Iterable[str] | None = None, *, sha256: str | None = None
+) -> dict[str, torch.Tensor]:
     r"""Read the tensors of one checkpoint file, safely.
 
     Parameters
@@ -171,6 +200,9 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
         ``.safetensors``, ``.pt``/``.pth``/``.bin`` or ``.ckpt``.
     keys : iterable of str, optional
         Read only these tensors where the format allows it (safetensors).
+    sha256 : str, optional
+        The file's recorded SHA-256 (``run.json``): checked before anything is used (a
+        small safetensors file is hashed from the bytes read, no second read).
 
     Returns
     -------
@@ -185,6 +217,8 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
         names the refused global).
     """
     path = Path(path)
+    if sha256 is not None and (path.is_dir() or path.name.endswith(".index.json")):
+        sha256 = None  # a folder or shard index has no one hash
     if path.is_dir():  # a Hugging Face Trainer checkpoint-N folder
         weights = _hf_weights(path)
         if weights is None:
@@ -206,12 +240,17 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
                 if not grew:  # else it changed since stat: mapped below
                     from safetensors.torch import load as load_bytes
 
+                    _check_sha256(path, sha256, data)
+                    sha256 = None
                     tensors = load_bytes(data)
                     return tensors if keys is None else {k: tensors[k] for k in keys if k in tensors}
+            _check_sha256(path, sha256)
             with safe_open(str(path), framework="pt") as f:
                 present = set(f.keys())
                 names = list(present) if keys is None else [k for k in keys if k in present]
                 return {k: f.get_tensor(k) for k in names}
+        except CheckpointError:
+            raise
         except Exception as exc:  # SafetensorError, OSError, ... on a malformed file
             raise CheckpointError(
                 f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(exc)}"
@@ -220,6 +259,7 @@ def load_state_dict(path: str | os.PathLike, keys: Iterable[str] | None = None) 
         raise CheckpointError(
             f"{path}: unknown checkpoint format {suffix!r} (expected one of {', '.join(CHECKPOINT_SUFFIXES)})"
         )
+    _check_sha256(path, sha256)
     return _tensors_of(_read_pickled_state(path), path)
 
 
@@ -264,6 +304,8 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
         try:
             with safe_open(str(path), framework="pt") as f:
                 return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except CheckpointError:
+            raise
         except Exception as exc:  # SafetensorError, OSError, ... on a malformed file
             raise CheckpointError(
                 f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(exc)}"
@@ -324,8 +366,10 @@ def load_weights(
     label: str,
     prefix: str | None = None,
     aliases: Mapping[str, Sequence[str]] | None = None,
+    sha256: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The weights ``params`` of one checkpoint, validated against ``shapes``.
+    """The weights ``params`` of one checkpoint, validated against ``shapes`` (and, for a
+    file, against its recorded ``sha256`` when given).
 
     ``aliases`` maps a parameter to the other names of the same tensor in the model (tied
     weights): a checkpoint that stores it once, under any of them, is complete.
@@ -341,7 +385,7 @@ def load_weights(
         state = checkpoint
     else:
         keys = list(params) if not prefix else [prefix + p for p in params]
-        state = load_state_dict(checkpoint, keys=keys)
+        state = load_state_dict(checkpoint, keys=keys, sha256=sha256)
         if any(k not in state for k in keys):  # e.g. a Lightning prefix: read everything
             state = load_state_dict(checkpoint)
     aliases = aliases or {}
@@ -353,6 +397,11 @@ def load_weights(
         t = state[key]
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{label}: parameter {p!r} is not a tensor")
+        if t.is_meta:
+            raise CheckpointError(
+                f"{label}: parameter {p!r} is a meta tensor (shape only, no numbers: saved from a model "
+                "on the meta device)"
+            )
         if not t.is_floating_point():
             raise CheckpointError(
                 f"{label}: parameter {p!r} has dtype {t.dtype}; weights must be "
@@ -610,6 +659,19 @@ class Run:
         c = self.checkpoints[t]
         return str(c) if not isinstance(c, Mapping) else f"run {self.name!r} checkpoint {t}"
 
+    def recorded_sha256(self, t: int) -> str | None:
+        """The SHA-256 ``run.json`` records for checkpoint ``t`` (``dtg sweep`` writes one per
+        file), or ``None``: a file whose bytes differ is refused when it is read."""
+        listed = self.meta.get("checkpoints")
+        c = self.checkpoints[t]
+        if not isinstance(listed, list) or len(listed) != len(self.checkpoints) or isinstance(c, Mapping):
+            return None
+        rec = listed[t]
+        if not isinstance(rec, Mapping) or rec.get("file") != Path(c).name:
+            return None
+        sha = rec.get("sha256")
+        return sha if isinstance(sha, str) else None
+
     def weights(self, t: int, topology: ChannelTopology | None = None) -> dict[str, torch.Tensor]:
         """The graph's weight tensors of checkpoint ``t``, validated against the model.
 
@@ -621,7 +683,15 @@ class Run:
         topo = self.topology if topology is None else topology
         shapes = topo.source_params
         label = self.label(t)
-        w = load_weights(self.checkpoints[t], list(shapes), shapes, label=label, prefix=self.prefix, aliases=self.tied)
+        w = load_weights(
+            self.checkpoints[t],
+            list(shapes),
+            shapes,
+            label=label,
+            prefix=self.prefix,
+            aliases=self.tied,
+            sha256=self.recorded_sha256(t),
+        )
         for layer in topo.layers:
             if layer.effective is not None:
                 try:

@@ -81,6 +81,7 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     from .analysis import featurize_with_failures
     from .baselines import tensor_statistics
     from .checkpoints import Run
+    from .predictor import architecture_signature
 
     part = Run(
         model=run.model, checkpoints=list(run.checkpoints)[start:], name=run.name, meta=run.meta, prefix=run.prefix
@@ -108,7 +109,17 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     for t in range(len(part)):
         w = part.weights(t)
         ws.append([v for p in params for v in tensor_statistics(w[p])])
-    return _records_from_stats(solve(False), ws, solve(True) if folds else None)
+    arch = architecture_key(architecture_signature(part.topology))
+    return [{**r, "architecture": arch} for r in _records_from_stats(solve(False), ws, solve(True) if folds else None)]
+
+
+def architecture_key(signature: Sequence) -> str:
+    """A short hash of :func:`~dtg_gpu.predictor.architecture_signature` (what each checkpoint
+    record carries, so a predictor of another architecture is refused)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None, device=None) -> dict:
@@ -364,6 +375,13 @@ class StoppingRule:
     # ------------------------------------------------------------- probability
     def _given(self, records: Sequence[Mapping], values) -> float | None:
         fs = self.predictor.feature_settings
+        arch, seen = fs.get("architecture"), records[-1].get("architecture")
+        if arch is not None and seen is not None and architecture_key(arch) != seen:
+            raise ValueError(
+                f"the predictor was trained on another architecture ({len(arch)} weight layers, first "
+                f"{arch[0] if arch else None}) than this run's: its probabilities would mean nothing here; "
+                "train one on runs of this architecture (dtg train), or learn online (no predictor)"
+            )
         k = int(fs["timesteps"])
         if len(records) < k:
             return None

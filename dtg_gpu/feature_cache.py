@@ -11,11 +11,16 @@ The key is a SHA-256 of everything the numbers depend on:
 - the library version, the solver's revision and the solver settings (``k``, dtype, ``tol``, ``max_iter``,
   ``method``, the per-layer and eigenvalue options);
 - the unit: its chunk size and, for every run in it, the name, the architecture's
-  signature, the key prefix and each checkpoint file's identity (path relative to the sweep
-  folder, size, modification time in ns).
+  signature, the key prefix and each checkpoint file's identity: path relative to the sweep
+  folder, size, modification time, inode and status-change time (ctime, in ns), and the
+  SHA-256 that ``run.json`` records for it where there is one.
 
 So a rewritten checkpoint, another architecture or other settings never read a stale entry,
-and a hit is bit-identical to solving again (the same graphs in the same batch). What a
+and a hit is bit-identical to solving again (the same graphs in the same batch). A file
+replaced by another of the same size with its timestamp restored (``cp -p``, ``touch -r``,
+``tar x``, ``rsync -a``) still misses: restoring a timestamp sets the ctime to now, which no
+user can set back. Entries are stored per run *folder* (two runs of one name in different
+folders never share one). What a
 hit does *not* depend on: the device (a cache written on GPUs is reused on a CPU, and the
 other way round) and ``alpha`` (the entries hold the statistics before temporal smoothing).
 
@@ -42,7 +47,7 @@ import torch
 from ._files import atomic_write
 from .exceptions import DTGWarning
 
-__all__ = ["CACHE_DIRNAME", "CachedRun", "FeatureCache", "unit_key"]
+__all__ = ["CACHE_DIRNAME", "CachedRun", "FeatureCache", "run_id", "unit_key"]
 
 CACHE_DIRNAME = ".dtg-cache"
 FORMAT = "dtg_gpu.features/1"
@@ -63,6 +68,11 @@ class CachedRun:
     connected: torch.Tensor  # [k] bool
 
 
+def _stamp(st: os.stat_result) -> list[int]:
+    """What a timestamp restore cannot forge: size, mtime, inode, ctime."""
+    return [int(st.st_size), int(st.st_mtime_ns), int(st.st_ino), int(st.st_ctime_ns)]
+
+
 def _identity(path: Any, root: Path | None) -> list | None:
     if isinstance(path, Mapping):
         return None
@@ -78,10 +88,32 @@ def _identity(path: Any, root: Path | None) -> list | None:
     if p.is_dir():  # a Hugging Face checkpoint-N/ folder: its files (a rewrite leaves the folder's mtime)
         try:
             files = sorted(f for f in p.iterdir() if f.is_file())
-            return [name, [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]]
+            return [name, [[f.name, *_stamp(f.stat())] for f in files]]
         except OSError:
             return None
-    return [name, int(st.st_size), int(st.st_mtime_ns)]
+    return [name, *_stamp(st)]
+
+
+def _recorded_hashes(run: Any, k: int) -> list:
+    """The SHA-256 ``run.json`` records for each of the first ``k`` checkpoints (None where absent)."""
+    listed = run.meta.get("checkpoints") if isinstance(getattr(run, "meta", None), dict) else None
+    if not isinstance(listed, list):
+        return [None] * k
+    out = [c.get("sha256") if isinstance(c, dict) and isinstance(c.get("sha256"), str) else None for c in listed[:k]]
+    return out + [None] * (k - len(out))
+
+
+def run_id(run: Any, root: Path | None) -> str:
+    """Where a run's entries live: its folder relative to the cache's root (the folder of its
+    first checkpoint), else its name (runs held in memory are never cached anyway)."""
+    first = run.checkpoints[0] if len(run.checkpoints) else None
+    if isinstance(first, (str, os.PathLike)):
+        folder = Path(first).resolve().parent
+        try:
+            return folder.relative_to(root).as_posix() if root is not None else folder.as_posix()
+        except ValueError:
+            return folder.as_posix()
+    return str(run.name)
 
 
 def unit_key(
@@ -96,7 +128,7 @@ def unit_key(
         ids = [_identity(c, root) for c in run.checkpoints[:k]]
         if any(i is None for i in ids):
             return None
-        members.append([str(run.name), run.prefix, ids])
+        members.append([str(run.name), run.prefix, ids, _recorded_hashes(run, k)])
     blob = json.dumps(
         {
             "format": FORMAT,
@@ -130,6 +162,8 @@ def architecture_signature(topology, model) -> str:
 def _folder_name(name: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}", name):
         return name
+    if "/" in name and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,99}", name) and ".." not in name.split("/"):
+        return name.replace("/", "__")
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:60].lstrip(".") or "run"
     return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
 
@@ -147,10 +181,48 @@ class FeatureCache:
         sweep folder), so a sweep moved or mounted elsewhere keeps its cache.
     """
 
-    def __init__(self, folder: str | os.PathLike, root: str | os.PathLike | None = None):
+    def __init__(self, folder: str | os.PathLike, root: str | os.PathLike | None = None, confine: bool = False):
         self.folder = Path(folder)
         self.root = Path(root if root is not None else self.folder.parent).resolve()
+        self.confine = confine
         self._warned = False
+        self._cleaned = False
+
+    def usable(self) -> bool:
+        """With ``confine`` (the sweep's own ``.dtg-cache``): a cache folder that resolves
+        outside the sweep (a symlink out of it) is never written or read."""
+        if not self.confine:
+            return True
+        real = self.folder.resolve()
+        if real.is_relative_to(self.root) and real != self.root:
+            return True
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"feature cache {self.folder} leads outside the sweep folder ({real}); going on "
+                "without it (make it a plain folder inside the sweep, or pass cache=False / --no-cache)",
+                DTGWarning,
+                stacklevel=4,
+            )
+        return False
+
+    def _clean_stale(self, age_s: float = 60.0) -> None:
+        """Remove temporaries a killed writer left (older than ``age_s``), once per cache."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        import time
+
+        now = time.time()
+        try:
+            for tmp in self.folder.glob("*/.*.tmp.safetensors"):
+                try:
+                    if not tmp.is_symlink() and tmp.is_file() and now - tmp.stat().st_mtime > age_s:
+                        tmp.unlink()
+                except OSError:
+                    pass
+        except OSError:
+            pass
 
     def _path(self, run_name: str, key: str) -> Path:
         return self.folder / _folder_name(str(run_name)) / f"{key[:40]}.safetensors"
@@ -161,7 +233,7 @@ class FeatureCache:
 
         path = self._path(run_name, key)
         try:
-            if not path.is_file() or path.stat().st_size > MAX_ENTRY_BYTES:
+            if not self.usable() or not path.is_file() or path.stat().st_size > MAX_ENTRY_BYTES:
                 return None
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
@@ -202,9 +274,14 @@ class FeatureCache:
         }
         meta = {"format": FORMAT, "key": key, "run": str(run_name)}
         try:
+            if not self.usable():
+                return
+            self._clean_stale()
             path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.resolve().is_relative_to(self.folder.resolve()):
+                raise OSError(f"{path.parent} leads outside the cache folder")
             atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
-        except OSError as exc:
+        except Exception as exc:  # OSError, safetensors' SafetensorError on a full disk, ...
             if not self._warned:
                 self._warned = True
                 warnings.warn(

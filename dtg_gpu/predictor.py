@@ -564,6 +564,14 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                     if strict:
                         raise ValueError(f"run {r.name!r}: {why}")
                     failures[r.name] = why
+        for r in runs:  # a run still short of k checkpoints is named; the others are judged
+            if r.name not in failures and len(r) < k:
+                why = f"has {len(r)} checkpoint(s); this predictor reads the first {k}"
+                if strict:
+                    from .exceptions import InsufficientCheckpointsError
+
+                    raise InsufficientCheckpointsError(f"run {r.name!r}: {why}")
+                failures[r.name] = why
         todo_idx = [i for i, r in enumerate(runs) if r.name not in failures]
         proba = np.full((len(runs), len(self.classes_)), np.nan)
         if todo_idx:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import os
-import shutil
+import re
 import sys
 import time
 import warnings
@@ -63,11 +63,7 @@ def _save_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
 
 
 def _file_identity(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    return {"bytes": path.stat().st_size, "sha256": _sha256_of(path)}
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -359,30 +355,42 @@ def tune_cpu_malloc() -> bool:
     return ok
 
 
-def _is_complete(folder: Path) -> bool:
+def _is_complete(folder: Path, verify: bool = False) -> bool:
     """A run folder is complete when its ``run.json`` says so and every checkpoint it lists
-    is there, inside the folder, with the size recorded (a truncated file is not complete)."""
-    return _state_of(folder) == "complete"
+    is there, inside the folder, with the size (and with ``verify``, the SHA-256) recorded."""
+    return _state_of(folder, verify=verify) == "complete"
 
 
-def _state_of(folder: Path) -> str:
-    """``"complete"``, ``"unfinished"`` (no ``run.json`` saying complete: training stopped),
-    or why a run that ``run.json`` calls complete is damaged (a file missing, outside the
-    folder, or not of the size recorded)."""
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _state_of(folder: Path, verify: bool = False) -> str:
+    """``"complete"``, ``"unfinished"`` (no ``run.json`` yet: training stopped before the end),
+    or why a run is damaged: a ``run.json`` that cannot be read or does not say complete, a
+    file missing, outside the folder, not of the size recorded, or (``verify``) not of the
+    SHA-256 recorded."""
+    manifest = folder / "run.json"
+    if not manifest.exists() and not manifest.is_symlink():
+        return "unfinished"
     try:
-        meta = read_manifest(folder / "run.json")
-    except CheckpointError:
-        return "unfinished"
+        meta = read_manifest(manifest)
+    except CheckpointError as exc:
+        return f"{exc} (damaged; dtg sweep moves it aside and trains the run again)"
     if not isinstance(meta, dict) or meta.get("complete") is not True:
-        return "unfinished"
+        return f"{manifest}: does not say the run is complete (not a run dtg sweep finished)"
     cps = meta.get("checkpoints")
     if not isinstance(cps, list) or not cps:
-        return f"{folder / 'run.json'}: complete but lists no checkpoints"
+        return f"{manifest}: complete but lists no checkpoints"
     for i, c in enumerate(cps):
         if not isinstance(c, dict):
-            return f"{folder / 'run.json'}: checkpoints[{i}] is not an object"
+            return f"{manifest}: checkpoints[{i}] is not an object"
         try:
-            f = confined_path(folder, c.get("file"), what=f"{folder / 'run.json'}: checkpoints[{i}].file")
+            f = confined_path(folder, c.get("file"), what=f"{manifest}: checkpoints[{i}].file")
         except CheckpointError as exc:
             return str(exc)
         try:
@@ -396,7 +404,81 @@ def _state_of(folder: Path) -> str:
                 f"{f}: {size} bytes, run.json recorded {c['bytes']} (damaged or truncated; "
                 "rerun the sweep to retrain the run)"
             )
+        if verify and isinstance(c.get("sha256"), str):
+            try:
+                digest = _sha256_of(f)
+            except OSError as exc:
+                return f"{f}: cannot be read: {exc.strerror or exc}"
+            if digest != c["sha256"]:
+                return f"{f}: its SHA-256 is not the one run.json recorded (the file changed since training)"
     return "complete"
+
+
+#: The files ``dtg sweep`` writes into a run folder before its ``run.json``: checkpoints and
+#: the temporaries of their atomic writes. An unfinished folder holding only these is cleared.
+_OWN_PARTIAL = re.compile(r"ckpt-\d{4,}\.safetensors|\.ckpt-\d{4,}\.safetensors\.[^/]*\.tmp\.safetensors")
+ASIDE_DIRNAME = ".dtg-aside"
+
+
+def _move_aside(out: Path, folder: Path, why: str) -> Path:
+    """Rename ``folder`` (or a file or link in its place) into ``out/.dtg-aside/`` under a
+    fresh name and say so: dtg never deletes what it cannot prove it wrote."""
+    aside = out / ASIDE_DIRNAME
+    aside.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in range(1000):
+        target = aside / f"{folder.name}-{stamp}" if n == 0 else aside / f"{folder.name}-{stamp}-{n}"
+        if not target.exists() and not target.is_symlink():
+            break
+    os.rename(folder, target)
+    warnings.warn(f"{folder}: {why}; moved aside to {target} and training the run again", DTGWarning, stacklevel=3)
+    return target
+
+
+def _clear_for_training(out: Path, folder: Path) -> None:
+    """Make ``folder`` an empty run folder: an unfinished one that holds only dtg's own
+    checkpoints is emptied; anything else (a ``run.json``, a user's file, a damaged run, a
+    link or file in its place) is moved aside whole."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        _move_aside(out, folder, "not a run folder dtg wrote")
+    elif folder.is_dir():
+        entries = list(folder.iterdir())
+        own = all(e.is_file() and not e.is_symlink() and _OWN_PARTIAL.fullmatch(e.name) for e in entries)
+        if own and _state_of(folder) == "unfinished":
+            for e in entries:
+                e.unlink()
+        else:
+            state = _state_of(folder, verify=True)
+            _move_aside(out, folder, "unfinished, with files dtg did not write" if state == "unfinished" else state)
+    folder.mkdir(exist_ok=True)
+
+
+def _grid_mismatch(folder: Path, cfg: SweepConfig, point: dict[str, Any]) -> str | None:
+    """Why a complete run is not the one the grid puts there (model, data, lr, dropout or
+    seed differ), or ``None``."""
+    try:
+        meta = read_manifest(folder / "run.json")
+    except CheckpointError as exc:
+        return str(exc)
+    want = {"model": cfg.model, "dataset": cfg.dataset, **point}
+    got = {k: meta.get(k) if isinstance(meta, dict) else None for k in want}
+    if got == want:
+        return None
+    diff = ", ".join(f"{k}={got[k]!r} where the grid has {want[k]!r}" for k in want if got[k] != want[k])
+    return f"{folder / 'run.json'}: a run of another sweep ({diff})"
+
+
+def _sweep_grid(meta: Any) -> tuple[SweepConfig, list[dict[str, Any]]] | None:
+    """The config and grid a ``sweep.json`` records, when it is one dtg can rebuild."""
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        return None
+    try:
+        cfg = SweepConfig(**config)
+        cfg.validate()
+        return cfg, cfg.grid()
+    except (TypeError, ValueError):
+        return None
 
 
 def run_sweep(
@@ -472,8 +554,11 @@ def run_sweep(
         raise ValueError(f"{out} exists and is not a folder")
     if path.is_file():
         _check_same_sweep(out, path, manifest)
-        if all(_is_complete(out / name) for name in names):
+        if all(_is_complete(out / name, verify=True) for name in names):
+            _warn_foreign(out, cfg, names, grid)
             return out
+    elif out.is_dir():
+        _check_empty(out)
     ds = dataset or load_dataset(cfg.dataset, data_root, download)
     _check_trainable(cfg, ds)
     dev = resolve_device(device) if executor == "local" else torch.device("cpu")
@@ -481,9 +566,13 @@ def run_sweep(
     with _sweep_lock(out):
         if path.is_file():  # another process may have written it since
             _check_same_sweep(out, path, manifest)
-        _write_json(path, manifest)
-        # under the lock: what is complete now is final; only unfinished folders are redone
-        todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name)]
+        else:
+            _check_empty(out)
+            _write_json(path, manifest)
+        # under the lock: what is complete (the recorded SHA-256 of every checkpoint checked)
+        # is final; other folders are cleared or moved aside and trained again
+        todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name, verify=True)]
+        _warn_foreign(out, cfg, names, grid)
         if todo and executor == "ray":
             from .integrations.ray_cluster import train_batches
 
@@ -523,6 +612,31 @@ def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
     )
     if started:
         raise ValueError(f"{out} already holds a different sweep (sweep.json differs); choose another --out folder")
+
+
+def _warn_foreign(out: Path, cfg: SweepConfig, names: list[str], grid: list[dict[str, Any]]) -> None:
+    """Complete runs that are not the grid's are kept as they are (never trained over) and
+    named; :func:`load_sweep` leaves them out as failed."""
+    foreign = [why for n, p in zip(names, grid) if _is_complete(out / n) and (why := _grid_mismatch(out / n, cfg, p))]
+    if foreign:
+        warnings.warn(
+            f"{out}: {len(foreign)} complete run(s) are not this sweep's and are left as they are "
+            f"(load_sweep leaves them out): {foreign[0]}",
+            DTGWarning,
+            stacklevel=3,
+        )
+
+
+def _check_empty(out: Path) -> None:
+    """A folder without ``sweep.json`` must be empty (a crashed start may leave the lock file):
+    dtg never adopts, or deletes, what it did not write."""
+    others = sorted(e.name for e in out.iterdir() if e.name != ".dtg-sweep.lock")
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise ValueError(
+            f"{out}: not empty and has no sweep.json of dtg ({shown}); dtg sweep trains into a new or "
+            "empty folder, or resumes its own: choose another --out"
+        )
 
 
 def _check_trainable(cfg: SweepConfig, ds: Dataset) -> None:
@@ -587,11 +701,7 @@ def train_batch(
     atomically: what a local sweep runs per batch, and a Ray task of ``dtg sweep --ray``."""
     folders = [out / name for name, _ in batch]
     for folder in folders:
-        if folder.is_symlink() or folder.is_file():
-            folder.unlink()
-        elif folder.exists():
-            shutil.rmtree(folder)  # unfinished or damaged (checked under the lock): redo it
-        folder.mkdir()
+        _clear_for_training(out, folder)  # unfinished or damaged (checked under the lock): redo it
     if len(batch) > 1:
         metas = train_group(cfg, ds, [p for _, p in batch], folders, dev, progress=progress)
     else:
@@ -685,6 +795,11 @@ def load_sweep(
         if not isinstance(n, str) or "/" in n or "\\" in n or n in (".", ".."):
             raise CheckpointError(f"{manifest}: runs[{i}] must be a folder name inside {path}, got {n!r}")
     states = {n: _state_of(path / n) for n in names}
+    rebuilt = _sweep_grid(meta)
+    if rebuilt is not None and len(rebuilt[1]) == len(names):
+        for n, point in zip(names, rebuilt[1]):
+            if states[n] == "complete" and (why := _grid_mismatch(path / n, rebuilt[0], point)):
+                states[n] = why
     done = [n for n in names if states[n] == "complete"]
     unfinished = [n for n in names if states[n] == "unfinished"]
     if unfinished:

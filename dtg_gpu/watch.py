@@ -11,6 +11,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -135,12 +136,50 @@ class SweepWatcher:
         return Run(model=self.model, checkpoints=files, name=folder.name), False
 
     # ------------------------------------------------------------------- a pass
+    @staticmethod
+    def _identity(path: Any) -> tuple:
+        """A checkpoint as the watcher knows it: path, size, mtime and inode (a run restarted
+        into its folder writes new files under the old names)."""
+        try:
+            st = os.stat(path)
+            return (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            return (str(path), None, None, None)
+
+    def _read_new(self, run, seen: _Seen, files: list) -> str | None:
+        """Summarise the checkpoints after those seen, up to the first that cannot be read
+        (a half-written file of a training loop that does not write atomically); returns
+        that one's error, and the next pass tries it again."""
+        from ._engine import READ_ERRORS
+        from .checkpoints import Run
+
+        start = len(seen.files)
+        try:
+            seen.records += run_records(run, device=self.device, start=start)
+            seen.files = files
+            return None
+        except READ_ERRORS as exc:
+            error = str(exc)
+        for i in range(start, len(files)):  # one at a time: keep what is readable
+            part = Run(model=run.model, checkpoints=list(run.checkpoints)[: i + 1], name=run.name, prefix=run.prefix)
+            try:
+                seen.records += run_records(part, device=self.device, start=i)
+            except READ_ERRORS as exc:
+                return str(exc)
+            seen.files = files[: i + 1]
+        return error
+
     def poll(self) -> list[Verdict]:
-        """One pass over the sweep: summarise new checkpoints, then judge every run."""
+        """One pass over the sweep: summarise new checkpoints, then judge every run.
+
+        A finished run whose checkpoints cannot be read is ``"failed"``; a running one is
+        judged from the checkpoints read so far (an unreadable newest file is tried again
+        at the next pass, its error kept in :attr:`Verdict.error`)."""
         from ._engine import READ_ERRORS
 
         runs: dict[str, tuple] = {}
         out: dict[str, Verdict] = {}
+        errors: dict[str, str] = {}
         folders = self.run_folders()
         for folder in folders:
             name = folder.name
@@ -150,14 +189,17 @@ class SweepWatcher:
                     out[name] = Verdict(name, 0, None, "wait")
                     continue
                 seen = self._seen.setdefault(name, _Seen())
-                files = [str(c) for c in run.checkpoints]
-                if files[: len(seen.files)] != seen.files:  # rewritten: start over
+                files = [self._identity(c) for c in run.checkpoints]
+                if files[: len(seen.files)] != seen.files:  # rewritten or restarted: start over
                     seen.files, seen.records, seen.history = [], [], []
                 if len(files) > len(seen.files):
-                    seen.records += run_records(run, device=self.device, start=len(seen.files))
-                    seen.files = files
+                    error = self._read_new(run, seen, files)
+                    if error is not None:
+                        if finished:
+                            raise _Unreadable(error)
+                        errors[name] = error
                 runs[name] = (run, finished, seen)
-            except READ_ERRORS as exc:
+            except (*READ_ERRORS, _Unreadable) as exc:
                 out[name] = Verdict(name, 0, None, "failed", error=str(exc))
         finished = [
             (n, s.records, None, r.final_accuracy)
@@ -169,21 +211,48 @@ class SweepWatcher:
             if fin:
                 out[name] = Verdict(name, k, None, "finished", final_accuracy=run.final_accuracy)
                 continue
-            while len(seen.history) < k:  # one probability per checkpoint, judged when it lands
-                j = len(seen.history) + 1
-                seen.history.append(self.rule.probability(seen.records[:j], None, finished))
+            try:
+                while len(seen.history) < k:  # one probability per checkpoint, judged when it lands
+                    j = len(seen.history) + 1
+                    seen.history.append(self.rule.probability(seen.records[:j], None, finished))
+            except ValueError as exc:  # a given predictor that does not fit this run
+                out[name] = Verdict(name, k, None, "failed", error=str(exc))
+                continue
             p = seen.history[-1] if seen.history else None
             stop = self.rule.should_stop(seen.history, diverged=is_diverged(seen.records))
-            out[name] = Verdict(name, k, p, "stop" if stop else ("wait" if p is None else "continue"))
+            verdict = "stop" if stop else ("wait" if p is None else "continue")
+            out[name] = Verdict(name, k, p, verdict, error=errors.get(name))
         return [out[f.name] for f in folders if f.name in out]
 
     def watch(self, interval: float = 30.0, once: bool = False) -> Iterator[list[Verdict]]:
-        """:meth:`poll` every ``interval`` seconds until every run is finished (or once)."""
+        """:meth:`poll` every ``interval`` seconds until every run is finished (or once).
+
+        Raises
+        ------
+        ValueError
+            ``interval`` is not a number of seconds in (0, 7 days].
+        """
         import time
 
+        check_interval(interval)
         while True:
             verdicts = self.poll()
             yield verdicts
             if once or (verdicts and all(v.verdict in ("finished", "failed") for v in verdicts)):
                 return
             time.sleep(interval)
+
+
+MAX_INTERVAL_S = 7 * 24 * 3600
+
+
+def check_interval(interval: Any, what: str = "interval") -> float:
+    """A polling interval in seconds: a finite number in (0, 7 days]."""
+    ok = isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval)
+    if not (ok and 0 < interval <= MAX_INTERVAL_S):
+        raise ValueError(f"{what} must be a number of seconds in (0, {MAX_INTERVAL_S}] (7 days), got {interval!r}")
+    return float(interval)
+
+
+class _Unreadable(Exception):
+    """A finished run's checkpoint that cannot be read (the run is failed)."""

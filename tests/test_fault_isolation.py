@@ -150,10 +150,13 @@ def test_cli_goes_on_past_bad_runs_and_strict_stops(bad_sweep, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_demo_finishes_on_a_sweep_with_bad_runs(tmp_path):
+def test_demo_finishes_on_a_sweep_with_bad_runs(tmp_path, monkeypatch):
     out = tmp_path / "demo"
     run_sweep(demo_config(quick=True), out / "sweep", progress=False, device="cpu")
     tamper(out / "sweep")
+    # the report's side: the runs stay bad (a resumed sweep would retrain two of them,
+    # tested in test_resumed_sweep_retrains_damaged_runs_and_keeps_foreign_ones)
+    monkeypatch.setattr("dtg_gpu.demo.run_sweep", lambda *a, **k: out / "sweep")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dtg_gpu.DTGWarning)
         results = run_demo(out, quick=True, device="cpu", progress=False, repeats=2, echo=lambda *a: None)
@@ -169,3 +172,29 @@ def test_demo_finishes_on_a_sweep_with_bad_runs(tmp_path):
     assert "addEventListener" in page
     with pytest.raises(CheckpointError):
         run_demo(out, quick=True, device="cpu", progress=False, repeats=2, echo=lambda *a: None, strict=True)
+
+
+def test_resumed_sweep_retrains_damaged_runs_and_keeps_foreign_ones(tmp_path):
+    out = tmp_path / "sweep"
+    cfg = demo_config(quick=True)
+    run_sweep(cfg, out, progress=False, device="cpu")
+    before = {n: (out / n / "run.json").read_text() for n in ("run-0002", "run-0003", "run-0004", "run-0006")}
+    tamper(out)
+    with pytest.warns(dtg_gpu.DTGWarning) as caught:
+        run_sweep(cfg, out, progress=False, device="cpu")
+    said = " ".join(str(w.message) for w in caught)
+    # same-size corruption and rewritten checkpoints fail their recorded SHA-256: moved aside, retrained
+    aside = sorted(p.name.rsplit("-", 1)[0] for p in (out / ".dtg-aside").iterdir())
+    assert [a[:8] for a in aside] == ["run-0002", "run-0003"] and "SHA-256" in said
+    for n in ("run-0002", "run-0003"):
+        assert json.loads((out / n / "run.json").read_text())["complete"] is True
+    # the folders moved aside keep every file as it was
+    moved = next(p for p in (out / ".dtg-aside").iterdir() if p.name.startswith("run-0002"))
+    assert len(list(moved.glob("ckpt-*.safetensors"))) == len(list((out / "run-0002").glob("ckpt-*.safetensors")))
+    # run-0004 names another model: kept as it is, named, and left out by load_sweep
+    assert "foonet" in (out / "run-0004" / "run.json").read_text() and "not this sweep's" in said
+    assert (out / "run-0006" / "run.json").read_text() == before["run-0006"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dtg_gpu.DTGWarning)
+        runs = load_sweep(out)
+    assert set(runs.failed) == {"run-0004"} and "model='foonet' where the grid has 'lenet5'" in runs.failed["run-0004"]

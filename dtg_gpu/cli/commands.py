@@ -448,12 +448,11 @@ def _positive_int(text: str) -> int:
 
 
 def _writable(out: str) -> None:
-    """Fail before any work when the output's folder does not exist."""
-    from pathlib import Path
+    """Fail before any work when ``--out`` cannot be written (no such folder, a folder, an
+    empty name, a special file, a name too long)."""
+    from .._files import check_target
 
-    folder = Path(out).resolve().parent
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: folder does not exist (for --out {out})")
+    check_target(out, what="--out")
 
 
 def torch_index(mask: np.ndarray):
@@ -751,10 +750,9 @@ def _watch_args(p):
 def _watch_run(a) -> int:
     from ..early_stopping import StoppingRule
     from ..predictor import PerformancePredictor
-    from ..watch import SweepWatcher
+    from ..watch import SweepWatcher, check_interval
 
-    if not a.interval > 0:
-        raise ValueError(f"--interval must be positive, got {a.interval}")
+    check_interval(a.interval, "--interval")
     clf = PerformancePredictor.load(a.predictor) if a.predictor else None
     rule = StoppingRule(
         predictor=clf,

@@ -27,6 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OOM_HINT = (
+    "use --device cpu (usually more memory than a GPU), fewer --timesteps, or fewer runs at a time "
+    "(featurize_sweep(chunk_size=...) in Python)"
+)
+OOM_MARKS = ("out of memory", "can't allocate memory", "CUDA out of memory", "not enough memory")
+
+
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
@@ -48,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("dtg: interrupted", file=sys.stderr)
             return 130
+        except MemoryError as exc:
+            if os.environ.get("DTG_DEBUG"):
+                raise
+            detail = f" ({_one_line(exc)})" if str(exc) else ""
+            print(f"dtg {args.command}: error: out of memory{detail}; {OOM_HINT}", file=sys.stderr)
+            return 1
         except (
             ValueError,
             OSError,
@@ -55,10 +68,14 @@ def main(argv: list[str] | None = None) -> int:
             KeyError,
             TypeError,
             ImportError,
+            ArithmeticError,
         ) as exc:  # DTGError derives from these
             if os.environ.get("DTG_DEBUG"):
                 raise
-            print(f"dtg {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+            text = _one_line(exc)
+            if isinstance(exc, RuntimeError) and any(m in text for m in OOM_MARKS):
+                text += f"; {OOM_HINT}"
+            print(f"dtg {args.command}: error: {text}", file=sys.stderr)
             return 1
 
 

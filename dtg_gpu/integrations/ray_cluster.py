@@ -59,6 +59,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        check_reachable(address)
         ray.init(address=address, configure_logging=False)
     else:  # workers import dtg_gpu from where this process does (also from a source tree)
         here = str(Path(__file__).resolve().parents[2])
@@ -75,6 +76,33 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield True
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail within ``timeout`` seconds, naming ``address``, when nothing listens there (Ray's
+    own client retries a dead address for ever). ``"auto"``, ``"local"`` and addresses
+    without a port are left to Ray.
+
+    Raises
+    ------
+    ConnectionError
+        Nothing accepts a connection at the address's host and port.
+    """
+    import socket
+
+    text = address.split("://", 1)[-1]
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one there "
+            "(ray start --head) or pass the address it printed"
+        ) from None
 
 
 def task_resources(device: torch.device | None) -> dict[str, float]:
@@ -214,7 +242,7 @@ def solve_jobs(
                 job.unit,
                 settings,
                 None if device is None else str(device),
-                None if cache is None else str(cache.folder.resolve()),
+                None if cache is None or not cache.usable() else str(cache.folder.resolve()),
                 None if cache is None else str(cache.root),
                 job.key,
             )
