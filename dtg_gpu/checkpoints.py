@@ -13,6 +13,7 @@ Nothing is unpickled that could execute code: such a file raises
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -472,7 +473,42 @@ def _lightning_position(path: Path) -> tuple[int, int]:
     return int(epoch), int(step)  # type: ignore[arg-type]  # checked just above
 
 
-def _scan_checkpoints(path: Path) -> list[Path]:
+#: Words that mark a series of files that are not the model's weights (optimizer state, ...).
+_NOT_MODEL = ("optim", "sched", "scaler", "rng", "random", "trainer", "grad")
+#: Words that mark another copy of the weights (an average), never chosen by default.
+_OTHER_COPY = ("ema", "swa", "averaged", "average", "teacher", "shadow")
+
+
+def _series_of(f: Path) -> str:
+    """A file's series: its name with every number replaced by ``*`` (``model_12.pt`` →
+    ``model_*.pt``, ``epoch3_ema.pt`` → ``epoch*_ema.pt``)."""
+    return re.sub(r"\d+", "*", f.name)
+
+
+def _one_series(path: Path, files: list[Path]) -> list[Path]:
+    """The files of one checkpoint series: the only one, or the model's when the others are
+    clearly something else (optimizer state) or another copy of the weights (EMA); else an
+    error that lists the series and how to choose."""
+    series: dict[str, list[Path]] = {}
+    for f in files:
+        series.setdefault(_series_of(f), []).append(f)
+    if len(series) <= 1:
+        return files
+
+    def words(pattern: str) -> str:
+        return pattern.lower()
+
+    model = [p for p in series if not any(w in words(p) for w in _NOT_MODEL + _OTHER_COPY)]
+    if len(model) == 1:
+        return series[model[0]]
+    listed = ", ".join(f"{p} ({len(fs)} files)" for p, fs in sorted(series.items()))
+    raise CheckpointError(
+        f"{path}: {len(series)} checkpoint series in one folder ({listed}); choose one with "
+        f"pattern='{sorted(series)[0]}' (Run.from_dir / load_sweep, --pattern) or list the files in run.json"
+    )
+
+
+def _scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
     """Checkpoints of a folder without ``run.json``, in time order, never lexicographic:
 
     * Hugging Face Trainer folders ``checkpoint-N/`` (``model.safetensors``, a sharded
@@ -481,6 +517,11 @@ def _scan_checkpoints(path: Path) -> list[Path]:
       (``last.ckpt`` is dropped when it repeats another);
     * else ``ckpt-*`` files, or every checkpoint file, by the numbers in their names
       (natural order: 2 before 10). Names without a number are an error.
+
+    Files of several series (``model_N.pt`` beside ``ema_N.pt`` or ``optimizer_N.pt``,
+    ``epochN.pt`` beside ``epochN_ema.pt``) are never merged: the model's series is taken
+    when the others are optimizer state or another copy of the weights (EMA, SWA), else an
+    error lists them. ``pattern`` (a glob such as ``"ema_*.pt"``) chooses the files.
     """
 
     subdirs = [d for d in path.iterdir() if d.is_dir() and re.fullmatch(r"checkpoint-\d+", d.name)]
@@ -492,6 +533,10 @@ def _scan_checkpoints(path: Path) -> list[Path]:
         for f in path.iterdir()
         if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file() and not f.name.startswith(".")
     ]
+    if pattern is not None:
+        files = [f for f in files if fnmatch.fnmatchcase(f.name, pattern)]
+        if not files:
+            raise CheckpointError(f"{path}: no checkpoint file matches pattern {pattern!r}")
     ckpts = [f for f in files if f.suffix.lower() == ".ckpt"]
     if ckpts and len(ckpts) == len(files):
         keyed: dict[tuple[int, int], Path] = {}
@@ -500,6 +545,8 @@ def _scan_checkpoints(path: Path) -> list[Path]:
         return [f for _, f in sorted(keyed.items())]
     ckpt = [f for f in files if f.name.startswith("ckpt-")]
     files = ckpt or files
+    if pattern is None:
+        files = _one_series(path, files)
     unnumbered = [f.name for f in files if not re.search(r"\d", f.stem)]
     if unnumbered and len(files) > 1:
         raise CheckpointError(
@@ -594,6 +641,9 @@ class Run:
         EMA copy). Default: found per checkpoint: exact keys, else the one prefix
         (``model.``, ``module.``, ``_orig_mod.``, a Lightning attribute) under which every
         weight is; several complete copies are an error that names them.
+    fallback : bool, default False
+        For a model that cannot be traced: chain its layers in registration order instead of
+        refusing it (see :func:`~dtg_gpu.topology.channel_topology`).
 
     Examples
     --------
@@ -609,6 +659,7 @@ class Run:
     name: str | None = None
     meta: dict = field(default_factory=dict)
     prefix: str | None = None
+    fallback: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -628,7 +679,7 @@ class Run:
     @cached_property
     def topology(self) -> ChannelTopology:
         """The model's channel topology (traced once per architecture, looked up once per run)."""
-        return channel_topology(self.model)
+        return channel_topology(self.model, fallback=self.fallback)
 
     @cached_property
     def tied(self) -> dict[str, list[str]]:
@@ -703,7 +754,14 @@ class Run:
         return w
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike, model: nn.Module | None = None, prefix: str | None = None) -> "Run":
+    def from_dir(
+        cls,
+        path: str | os.PathLike,
+        model: nn.Module | None = None,
+        prefix: str | None = None,
+        *,
+        pattern: str | None = None,
+    ) -> "Run":
         r"""Read a run folder.
 
         With ``run.json`` (the sweep format, see docs/method.md): it names the model (``model`` and
@@ -713,7 +771,9 @@ class Run:
         (absolute paths, ``..`` and symlinks out of it are refused). Without ``run.json``,
         pass ``model``; the folder's checkpoint files (``ckpt-*`` if there are such) are
         taken in the natural order of the numbers in their names (``ckpt-2`` before
-        ``ckpt-10``).
+        ``ckpt-10``). Two series of files in one folder (``model_N.pt`` and ``ema_N.pt``)
+        are never merged: ``pattern`` (a glob, ``"ema_*.pt"``) chooses one, else the model's
+        is taken where it is unambiguous.
 
         Raises
         ------
@@ -753,7 +813,7 @@ class Run:
                     f"{path}: checkpoint files listed in run.json are missing: " + ", ".join(missing[:5])
                 )
         else:
-            files = [confined_path(path, f.name, what=f"{path}: checkpoint") for f in _scan_checkpoints(path)]
+            files = [confined_path(path, f.name, what=f"{path}: checkpoint") for f in _scan_checkpoints(path, pattern)]
         if not files:
             raise CheckpointError(f"{path}: the run has no checkpoint files")
         _check_against(model, files[0], prefix)

@@ -84,7 +84,12 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     from .predictor import architecture_signature
 
     part = Run(
-        model=run.model, checkpoints=list(run.checkpoints)[start:], name=run.name, meta=run.meta, prefix=run.prefix
+        model=run.model,
+        checkpoints=list(run.checkpoints)[start:],
+        name=run.name,
+        meta=run.meta,
+        prefix=run.prefix,
+        fallback=getattr(run, "fallback", False),
     )
     if len(part) == 0:
         return []

@@ -741,7 +741,12 @@ class SweepRuns(list):
 
 
 def load_sweep(
-    path: str | os.PathLike, *, strict: bool = False, model: "torch.nn.Module | None" = None, prefix: str | None = None
+    path: str | os.PathLike,
+    *,
+    strict: bool = False,
+    model: "torch.nn.Module | None" = None,
+    prefix: str | None = None,
+    pattern: str | None = None,
 ) -> SweepRuns:
     """The complete runs of a sweep folder, in grid order.
 
@@ -765,6 +770,9 @@ def load_sweep(
         ``final_accuracy``.
     prefix : str, optional
         Key prefix of the weights in the checkpoints (as in :class:`~dtg_gpu.Run`).
+    pattern : str, optional
+        In folders without ``run.json``: which checkpoint files, as a glob (``"ema_*.pt"``;
+        see :meth:`~dtg_gpu.Run.from_dir`).
 
     Raises
     ------
@@ -780,7 +788,7 @@ def load_sweep(
     path = Path(path)
     manifest = path / "sweep.json"
     if not manifest.is_file() and model is not None and path.is_dir():
-        return _load_run_folders(path, model, prefix, strict)
+        return _load_run_folders(path, model, prefix, strict, pattern)
     if not manifest.is_file():
         raise FileNotFoundError(
             f"{path}: no sweep.json here; is this a sweep folder (dtg sweep --out)? "
@@ -814,7 +822,7 @@ def load_sweep(
         raise CheckpointError(next(iter(runs.failed.values())))
     for n in done:
         try:
-            runs.append(Run.from_dir(path / n, model=model, prefix=prefix))
+            runs.append(Run.from_dir(path / n, model=model, prefix=prefix, pattern=pattern))
         except READ_ERRORS as exc:
             if strict:
                 raise
@@ -823,7 +831,7 @@ def load_sweep(
     return runs
 
 
-def _load_run_folders(path: Path, model, prefix: str | None, strict: bool) -> SweepRuns:
+def _load_run_folders(path: Path, model, prefix: str | None, strict: bool, pattern: str | None = None) -> SweepRuns:
     """Every sub-folder of ``path`` that holds checkpoints, as a run of ``model``."""
     from ._engine import READ_ERRORS
     from .analysis import warn_failures
@@ -834,9 +842,9 @@ def _load_run_folders(path: Path, model, prefix: str | None, strict: bool) -> Sw
         (d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: _natural_key(d.name)
     ):
         try:
-            if not (sub / "run.json").is_file() and not _scan_checkpoints(sub):
+            if not (sub / "run.json").is_file() and not _scan_checkpoints(sub, pattern):
                 continue  # not a run folder
-            runs.append(Run.from_dir(sub, model=model, prefix=prefix))
+            runs.append(Run.from_dir(sub, model=model, prefix=prefix, pattern=pattern))
         except READ_ERRORS as exc:
             if strict:
                 raise

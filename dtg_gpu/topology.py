@@ -371,30 +371,92 @@ class _SizeOf:
         self.val = val
 
 
+class _EvalParametrization:
+    """The weight a ``torch.nn.utils.parametrize`` list computes from the checkpoint's
+    tensors (its ``original*`` parameters and its parametrizations' buffers, e.g. spectral
+    norm's ``_u``/``_v``), evaluated in eval mode: no power-iteration step, no buffer
+    written, the same weight at every call (what the network computes at inference)."""
+
+    def __init__(self, plist: nn.Module, names: tuple[str, ...]):
+        self.plist, self.names = plist, names
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        modes = [(m, m.training) for m in self.plist.modules()]
+        try:
+            for m, _ in modes:
+                m.training = False
+            with torch.no_grad():
+                return torch.func.functional_call(self.plist, dict(zip(self.names, tensors)), ())
+        finally:
+            for m, mode in modes:
+                m.training = mode
+
+
+def _legacy_hook(module: nn.Module, kinds: tuple[type, ...]) -> Any:
+    """The forward pre-hook of one of ``kinds`` that computes ``module.weight``, if any."""
+    for hook in getattr(module, "_forward_pre_hooks", {}).values():
+        if isinstance(hook, kinds) and getattr(hook, "name", getattr(hook, "_tensor_name", None)) == "weight":
+            return hook
+    return None
+
+
 def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
-    """A module whose ``weight`` is computed from other tensors: ``torch.nn.utils.parametrize``
-    (``parametrizations.weight.original*``, e.g. ``parametrizations.weight_norm``) or the
-    legacy ``weight_norm`` hook (``weight_g``, ``weight_v``). Returns the state-dict sources,
-    their shapes and the computation; empty for a plain weight."""
+    """A module whose ``weight`` is computed from other tensors. Returns the state-dict
+    sources, their shapes and the computation (eval-mode semantics, exactly as torch computes
+    it); empty for a plain weight.
+
+    * ``torch.nn.utils.parametrize`` (``parametrizations.weight.original*``): weight norm,
+      spectral norm (with the checkpoint's ``_u``/``_v``, no power-iteration step),
+      orthogonal, user parametrizations;
+    * legacy ``torch.nn.utils.weight_norm`` (``weight_g``, ``weight_v``) at the ``dim`` the
+      hook recorded (``None``: one norm over the whole tensor);
+    * legacy ``torch.nn.utils.spectral_norm`` (``weight_orig``, ``weight_u``, ``weight_v``):
+      ``weight_orig / σ`` with ``σ = uᵀ W v`` from the checkpoint's ``u`` and ``v``;
+    * ``torch.nn.utils.prune`` (``weight_orig`` × ``weight_mask``).
+    """
+    from torch.nn.utils.prune import BasePruningMethod
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
     prefix = f"{name}." if name else ""
     plist = getattr(getattr(module, "parametrizations", None), "weight", None)
     if plist is not None:
-        names = sorted(k for k, _ in plist.named_parameters(recurse=False) if k.startswith("original"))
+        originals = sorted(k for k, _ in plist.named_parameters(recurse=False) if k.startswith("original"))
+        buffers = sorted(k for k, _ in plist.named_buffers())
+        names = tuple(originals + buffers)
         sources = tuple(f"{prefix}parametrizations.weight.{k}" for k in names)
-        shapes = tuple(tuple(getattr(plist, k).shape) for k in names)
-
-        def effective(*tensors, _plist=plist, _names=tuple(names)):
-            return torch.func.functional_call(_plist, dict(zip(_names, tensors)), ())
-
-        return sources, shapes, effective
+        shapes = tuple(
+            tuple(plist.get_parameter(k).shape if k in originals else plist.get_buffer(k).shape) for k in names
+        )
+        return sources, shapes, _EvalParametrization(plist, names)
+    hook = _legacy_hook(module, (WeightNorm,))
     g, v = getattr(module, "weight_g", None), getattr(module, "weight_v", None)
-    if isinstance(g, torch.Tensor) and isinstance(v, torch.Tensor):
+    if hook is not None and isinstance(g, torch.Tensor) and isinstance(v, torch.Tensor):
+        dim = -1 if hook.dim is None else int(hook.dim)
 
-        def legacy(weight_g, weight_v):  # torch.nn.utils.weight_norm with dim=0
-            norm = torch.linalg.vector_norm(weight_v.reshape(weight_v.shape[0], -1), dim=1)
-            return weight_v * (weight_g.reshape(-1) / norm).reshape((-1,) + (1,) * (weight_v.dim() - 1))
+        def legacy(weight_g, weight_v, _dim=dim):  # what WeightNorm.compute_weight does
+            return torch._weight_norm(weight_v, weight_g, _dim)
 
         return (f"{prefix}weight_g", f"{prefix}weight_v"), (tuple(g.shape), tuple(v.shape)), legacy
+    hook = _legacy_hook(module, (SpectralNorm,))
+    if hook is not None:
+        orig, u, v = (getattr(module, f"weight_{k}") for k in ("orig", "u", "v"))
+
+        def spectral(weight_orig, weight_u, weight_v, _hook=hook):  # SpectralNorm.compute_weight, eval mode
+            mat = _hook.reshape_weight_to_matrix(weight_orig)
+            sigma = torch.dot(weight_u, torch.mv(mat, weight_v))
+            return weight_orig / sigma
+
+        names = tuple(f"{prefix}weight_{k}" for k in ("orig", "u", "v"))
+        return names, (tuple(orig.shape), tuple(u.shape), tuple(v.shape)), spectral
+    hook = _legacy_hook(module, (BasePruningMethod,))
+    if hook is not None:
+        orig, mask = module.weight_orig, module.weight_mask
+
+        def pruned(weight_orig, weight_mask):  # BasePruningMethod.apply_mask
+            return weight_orig * weight_mask.to(weight_orig.dtype)
+
+        return (f"{prefix}weight_orig", f"{prefix}weight_mask"), (tuple(orig.shape), tuple(mask.shape)), pruned
     return (), (), None
 
 
@@ -1276,13 +1338,39 @@ def _module_order(model: nn.Module) -> ChannelTopology:
 _CACHE: dict[tuple, ChannelTopology] = {}
 
 
+_PLAIN = (bool, int, float, str, type(None), torch.Size)
+
+
+def _plain(value: Any) -> Any:
+    """A module attribute that can decide the data flow (a flag, a size, a mode, a function
+    it calls), as something hashable; ``NotImplemented`` for anything else (tensors, modules,
+    hooks: the state dict and the module tree cover those)."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value):
+        return value
+    if callable(value) and hasattr(value, "__qualname__") and not isinstance(value, nn.Module):
+        return ("callable", getattr(value, "__module__", None), value.__qualname__)
+    return NotImplemented
+
+
 def _cache_key(model: nn.Module) -> tuple:
-    return (type(model).__module__, type(model).__qualname__) + tuple(
-        (n, tuple(p.shape)) for n, p in model.state_dict().items()
+    """What decides a model's channel graph: every module's class *object* (a class redefined
+    in a notebook is another key), its plain attributes (constructor flags such as
+    ``residual=True``, ``training``, sizes, the functions it calls) and every tensor's name
+    and shape. Two models with one key run the same forward code on the same settings."""
+    modules = tuple(
+        (
+            name,
+            type(mod),
+            tuple(sorted((k, v) for k, v in ((k, _plain(v)) for k, v in vars(mod).items()) if v is not NotImplemented)),
+        )
+        for name, mod in model.named_modules()
     )
+    return modules + tuple((n, tuple(p.shape)) for n, p in model.state_dict().items())
 
 
-def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopology:
+def channel_topology(model: nn.Module, *, strict: bool = False, fallback: bool = False) -> ChannelTopology:
     r"""Derive the channel graph layout of ``model`` from its forward pass.
 
     Parameters
@@ -1290,24 +1378,33 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
     model : torch.nn.Module
         Any module whose weight layers are ``Conv1d/2d/3d`` and ``Linear``.
     strict : bool, default False
-        If ``True``, a model that torch.fx cannot trace raises instead of falling back.
+        If ``True``, weight matrices left out of the graph (an unsupported layer) raise
+        instead of warning.
+    fallback : bool, default False
+        A model that neither torch.fx nor the shape tracer can follow (data-dependent
+        control flow, untraceable code) is refused by default: its layers' connections are
+        unknown. ``True`` chains its conv/linear layers in *registration order* instead, which
+        is right only for plain chains (with a :class:`TracingFallbackWarning`).
 
     Returns
     -------
     ChannelTopology
         ``num_nodes``, and for each weight layer in forward order its output and input
-        node ids. Cached per architecture (module class and parameter shapes).
+        node ids. Cached per architecture: every module's class, its plain attributes (flags
+        such as ``residual=True``, ``training``) and the tensors' shapes.
 
     Raises
     ------
     TopologyError
-        No weight layer; a structure whose channel mapping is unknown (with ``strict``
-        or when the module-order fallback cannot chain the layers either).
+        No weight layer; a structure whose channel mapping is unknown; a model that cannot
+        be traced (without ``fallback``: the message names the model and the cause); with
+        ``strict``, uncovered weights.
 
     Warns
     -----
     TracingFallbackWarning
-        torch.fx could not trace the model; layers are chained in registration order.
+        With ``fallback=True``: the model could not be traced; its layers are chained in
+        registration order.
 
     Examples
     --------
@@ -1318,7 +1415,14 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
     (21, [1, 900])
     """
     key = _cache_key(model)
-    if key in _CACHE and (_CACHE[key].traced or not strict):
+    if key in _CACHE and (_CACHE[key].traced or fallback):
+        if not _CACHE[key].traced:
+            warnings.warn(
+                f"{type(model).__name__} could not be traced; its channel graph chains its layers in "
+                "module registration order (fallback=True), which is only right for plain chains",
+                TracingFallbackWarning,
+                stacklevel=2,
+            )
         _check_coverage(_CACHE[key], type(model).__name__, strict)
         return _CACHE[key]
     try:
@@ -1340,8 +1444,13 @@ def channel_topology(model: nn.Module, *, strict: bool = False) -> ChannelTopolo
             return topo
         except Exception:
             pass
-        if strict:
-            raise TopologyError(f"torch.fx could not trace {type(model).__name__}: {exc}") from exc
+        if not fallback:
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise TopologyError(
+                f"{type(model).__name__}: cannot be traced ({cause}), so which layers feed which is unknown; "
+                "make its forward traceable by torch.fx, or, if its conv/linear layers form one chain in "
+                "registration order, pass fallback=True (Run(..., fallback=True), dtg analyze --registration-order)"
+            ) from None
         warnings.warn(
             f"torch.fx could not trace {type(model).__name__} ({type(exc).__name__}: {exc}); "
             "building its channel graph from module registration order instead, which is "

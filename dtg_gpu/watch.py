@@ -161,7 +161,13 @@ class SweepWatcher:
         except READ_ERRORS as exc:
             error = str(exc)
         for i in range(start, len(files)):  # one at a time: keep what is readable
-            part = Run(model=run.model, checkpoints=list(run.checkpoints)[: i + 1], name=run.name, prefix=run.prefix)
+            part = Run(
+                model=run.model,
+                checkpoints=list(run.checkpoints)[: i + 1],
+                name=run.name,
+                prefix=run.prefix,
+                fallback=run.fallback,
+            )
             try:
                 seen.records += run_records(part, device=self.device, start=i)
             except READ_ERRORS as exc:

@@ -5,6 +5,7 @@ import torchvision
 from conftest import GroupedNet
 from torch import nn
 
+import dtg_gpu
 from dtg_gpu import TopologyError, TracingFallbackWarning, channel_topology
 from dtg_gpu.models import LeNet5, build_model
 
@@ -87,11 +88,20 @@ def test_untraceable_model_falls_back_with_warning():
                 x = x * 2
             return self.b(self.a(x))
 
+    # refused by default: which layer feeds which is unknown (a silently wrong graph otherwise)
+    with pytest.raises(TopologyError, match=r"Dynamic: cannot be traced \(.*\), so which layers feed which is unknown"):
+        channel_topology(Dynamic())
+    with pytest.raises(TopologyError, match="pass fallback=True"):
+        dtg_gpu.analyze(dtg_gpu.Run(model=Dynamic(), checkpoints=[Dynamic().state_dict()]), device="cpu")
+    # on request: registration order, with a warning
     with pytest.warns(TracingFallbackWarning, match="module registration order"):
-        topo = channel_topology(Dynamic())
+        topo = channel_topology(Dynamic(), fallback=True)
     assert not topo.traced and topo.num_nodes == 9
-    with pytest.raises(TopologyError, match="could not trace"):
-        channel_topology(Dynamic(), strict=True)
+    with pytest.raises(TopologyError, match="cannot be traced"):  # the cached fallback is not handed out
+        channel_topology(Dynamic())
+    with pytest.warns(TracingFallbackWarning):
+        res = dtg_gpu.analyze(dtg_gpu.Run(model=Dynamic(), checkpoints=[Dynamic().state_dict()], fallback=True))
+    assert res.centrality.shape == (1, 9)
 
 
 def test_no_weight_layers_and_unknown_parametrised_module():

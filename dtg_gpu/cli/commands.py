@@ -96,7 +96,7 @@ def _executor(a) -> dict:
 def _load_sweep(a):
     from ..sweeps import load_sweep
 
-    return load_sweep(a.sweep, strict=a.strict, model=_build_user_model(a), prefix=a.prefix)
+    return load_sweep(a.sweep, strict=a.strict, model=_build_user_model(a), prefix=a.prefix, pattern=a.pattern)
 
 
 def _sweep_features(a, runs):
@@ -275,6 +275,12 @@ def _user_model(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model-kwargs", default="{}", metavar="JSON", help="keyword arguments of --model")
     p.add_argument("--prefix", default=None, help="key prefix of the weights in the checkpoints (e.g. 'ema.')")
+    p.add_argument(
+        "--pattern",
+        default=None,
+        metavar="GLOB",
+        help="which checkpoint files of a run folder without run.json (e.g. 'ema_*.pt' beside model_*.pt)",
+    )
 
 
 def _build_user_model(a):
@@ -316,6 +322,12 @@ def _analyze_args(p):
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--tol", type=float, default=1e-6)
     p.add_argument("--method", choices=["auto", "lanczos", "networkx"], default="auto")
+    p.add_argument(
+        "--registration-order",
+        action="store_true",
+        help="a model that cannot be traced: chain its conv/linear layers in registration order "
+        "(right only for plain chains) instead of refusing it",
+    )
     _device(p)
 
 
@@ -325,7 +337,8 @@ def _analyze_run(a) -> int:
     from ..analysis import analyze
     from ..checkpoints import Run
 
-    run = Run.from_dir(a.run, model=_build_user_model(a), prefix=a.prefix)
+    run = Run.from_dir(a.run, model=_build_user_model(a), prefix=a.prefix, pattern=a.pattern)
+    run.fallback = a.registration_order
     res = analyze(run, alpha=a.alpha, device=a.device, dtype=getattr(torch, a.dtype), tol=a.tol, method=a.method)
     if a.json:
         print(json.dumps(_json_safe(res.to_dict()), indent=2, allow_nan=False))
@@ -389,8 +402,11 @@ def _featurize_run(a) -> int:
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])
+    left_out = list(getattr(runs, "failed", {}))  # runs that could not even be loaded: NaN rows too
+    if left_out:
+        df = pd.concat([df, pd.DataFrame({"run": left_out})], ignore_index=True)[df.columns]
     atomic_write(a.out, lambda tmp: df.to_csv(tmp, index=False))
-    print(f"{len(runs)} runs x {X.shape[1]} features -> {a.out}")
+    print(f"{len(df)} runs x {X.shape[1]} features -> {a.out}")
     return 0
 
 
@@ -532,7 +548,7 @@ def _predict_run(a) -> int:
     model = _build_user_model(a)
     for folder in a.runs:
         try:
-            runs.append(Run.from_dir(folder, model=model, prefix=a.prefix))
+            runs.append(Run.from_dir(folder, model=model, prefix=a.prefix, pattern=a.pattern))
         except READ_ERRORS as exc:
             if a.strict:
                 raise
