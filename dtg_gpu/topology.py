@@ -1354,19 +1354,29 @@ def _plain(value: Any) -> Any:
     return NotImplemented
 
 
+def _settings(mod: nn.Module) -> tuple:
+    """The attributes of one module that may decide the flow. torch's own layers: their
+    integer and boolean settings (``groups``, ``stride``, ``in_channels``), not their rates
+    (dropout's ``p``, batch norm's ``eps``/``momentum``) or train/eval mode, which never
+    change which channel feeds which; user modules: every plain attribute, ``training``
+    included (a forward may branch on it)."""
+    builtin = type(mod).__module__.startswith("torch.nn.")
+    out = []
+    for k, v in vars(mod).items():
+        value = _plain(v)
+        if value is NotImplemented or (builtin and (k == "training" or isinstance(value, float))):
+            continue
+        out.append((k, value))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
+
+
 def _cache_key(model: nn.Module) -> tuple:
     """What decides a model's channel graph: every module's class *object* (a class redefined
-    in a notebook is another key), its plain attributes (constructor flags such as
-    ``residual=True``, ``training``, sizes, the functions it calls) and every tensor's name
-    and shape. Two models with one key run the same forward code on the same settings."""
-    modules = tuple(
-        (
-            name,
-            type(mod),
-            tuple(sorted((k, v) for k, v in ((k, _plain(v)) for k, v in vars(mod).items()) if v is not NotImplemented)),
-        )
-        for name, mod in model.named_modules()
-    )
+    in a notebook is another key), its settings (:func:`_settings`: constructor flags such as
+    ``residual=True``, a user module's ``training``, sizes, the functions it calls) and every
+    tensor's name and shape. Two models with one key run the same forward code on the same
+    settings; runs that differ only in dropout rate share one."""
+    modules = tuple((name, type(mod), _settings(mod)) for name, mod in model.named_modules())
     return modules + tuple((n, tuple(p.shape)) for n, p in model.state_dict().items())
 
 

@@ -72,6 +72,14 @@ def test_a_constructor_flag_that_changes_the_flow_gets_its_own_graph():
     assert channel_topology(_Net(True)) is skip  # the cache still serves equal models
 
 
+def test_runs_that_differ_only_in_dropout_rate_share_one_graph():
+    from dtg_gpu.models import build_model
+
+    a = build_model("resnet20", width=4, dropout=0.0)
+    b = build_model("resnet20", width=4, dropout=0.5)
+    assert channel_topology(a) is channel_topology(b)  # one trace, one batch in featurize
+
+
 def test_a_class_redefined_in_a_notebook_gets_its_own_graph():
     cell = """
 class Net(nn.Module):
