@@ -95,9 +95,18 @@ def candidates():
         "concat folded+ws, LR(q)": (["layer_lam_folded+ws"], lambda: lr_q()),
         "avg LR(q): folded | ws": (["layer_lam_folded", "ws"], "avg"),
         "avg LR(q): spec | folded | ws": (["spec", "layer_lam_folded", "ws"], "avg"),
-        "folded, linear PP(q, wd=0.1)": (["layer_lam_folded"], lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.1)),
-        "concat folded+ws, linear PP(q, wd=0.1)": (["layer_lam_folded+ws"], lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.1)),
-        "concat folded+ws, linear PP(q, wd=0.03)": (["layer_lam_folded+ws"], lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.03)),
+        "folded, linear PP(q, wd=0.1)": (
+            ["layer_lam_folded"],
+            lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.1),
+        ),
+        "concat folded+ws, linear PP(q, wd=0.1)": (
+            ["layer_lam_folded+ws"],
+            lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.1),
+        ),
+        "concat folded+ws, linear PP(q, wd=0.03)": (
+            ["layer_lam_folded+ws"],
+            lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.03),
+        ),
         "concat folded+ws, LR(q, C=0.03)": (["layer_lam_folded+ws"], lambda: lr_q(C=0.03)),
         "concat folded+ws, LR(q, C=0.3)": (["layer_lam_folded+ws"], lambda: lr_q(C=0.3)),
         "covariates (oracle), LR(q)": (["cov"], lambda: lr_q(C=1.0)),
@@ -191,7 +200,9 @@ def main(argv=None) -> None:
             except Exception as exc:  # an unfinished sweep: named, left out
                 print(f"{name}: left out ({exc})")
                 continue
-            print(f"{name}: {int(feats[name]['usable'].sum())} runs, k={int(feats[name]['k'])} of {int(feats[name]['T'])} ({time.time() - t:.0f} s)")
+            print(
+                f"{name}: {int(feats[name]['usable'].sum())} runs, k={int(feats[name]['k'])} of {int(feats[name]['T'])} ({time.time() - t:.0f} s)"
+            )
     cands = candidates()
     if a.only:
         cands = {n: c for n, c in cands.items() if any(o in n for o in a.only)}
@@ -202,11 +213,16 @@ def main(argv=None) -> None:
             t = time.time()
             table[sweep][cname] = score(f, cname, spec, a.repeats)
             s = table[sweep][cname]
-            print(f"{sweep:26s} {cname:42s} {s['precision']['mean']:.3f} / {s['roc_auc']['mean']:.3f}  ({time.time() - t:.0f} s)", flush=True)
+            print(
+                f"{sweep:26s} {cname:42s} {s['precision']['mean']:.3f} / {s['roc_auc']['mean']:.3f}  ({time.time() - t:.0f} s)",
+                flush=True,
+            )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M")
-    (out / "prediction_suite.json").write_text(json.dumps({"date": stamp, "repeats": a.repeats, "table": table}, indent=1))
+    (out / "prediction_suite.json").write_text(
+        json.dumps({"date": stamp, "repeats": a.repeats, "table": table}, indent=1)
+    )
     print(f"-> {out / 'prediction_suite.json'}")
 
 

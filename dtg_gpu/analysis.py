@@ -15,7 +15,7 @@ from ._executors import SolveSettings, default_cache, featurize_runs
 from .centrality import Method, attainable_tol, check_solver_args
 from .checkpoints import Run
 from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
-from .features import check_alpha, temporal_features
+from .features import FeatureRecipe, check_alpha, feature_recipe, temporal_features
 from .graph import to_networkx as _to_networkx
 from .graph import to_pyg
 from .statistics import STATISTICS, layer_node_groups, timestep_statistics
@@ -220,12 +220,14 @@ def featurize(
     chunk_size: int | None = None,
     progress: bool = False,
     return_stats: Literal[False] = False,
-    eigenvalue: bool = False,
-    per_layer: bool = False,
+    eigenvalue: bool | None = None,
+    per_layer: bool | None = None,
     strict: bool = False,
     *,
-    fold_batchnorm: bool = False,
+    fold_batchnorm: bool | None = None,
     covariates: Sequence[str] = (),
+    features: str | FeatureRecipe = "default",
+    weight_stats: bool | None = None,
 ) -> torch.Tensor: ...
 
 
@@ -242,12 +244,14 @@ def featurize(
     chunk_size: int | None = None,
     progress: bool = False,
     return_stats: Literal[True] = ...,
-    eigenvalue: bool = False,
-    per_layer: bool = False,
+    eigenvalue: bool | None = None,
+    per_layer: bool | None = None,
     strict: bool = False,
     *,
-    fold_batchnorm: bool = False,
+    fold_batchnorm: bool | None = None,
     covariates: Sequence[str] = (),
+    features: str | FeatureRecipe = "default",
+    weight_stats: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -263,14 +267,24 @@ def featurize(
     chunk_size: int | None = None,
     progress: bool = False,
     return_stats: bool = False,
-    eigenvalue: bool = False,
-    per_layer: bool = False,
+    eigenvalue: bool | None = None,
+    per_layer: bool | None = None,
     strict: bool = False,
     *,
-    fold_batchnorm: bool = False,
+    fold_batchnorm: bool | None = None,
     covariates: Sequence[str] = (),
+    features: str | FeatureRecipe = "default",
+    weight_stats: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    r"""Temporal features of many runs: ``[len(runs), 5·k]``.
+    r"""Temporal features of many runs, one row each.
+
+    ``features="spec"`` is the seed's method exactly: the five centrality statistics of each
+    of the first ``k`` checkpoints, smoothed, ``[len(runs), 5·k]``. The default,
+    ``features="default"``, is the recipe that gave the best verdict on the benchmark suite
+    (:data:`~dtg_gpu.features.FEATURE_RECIPES`): per-layer statistics and
+    :math:`\log\lambda_1` of the graph with batch norm folded (``per_layer``, ``eigenvalue``,
+    ``fold_batchnorm``), then the weight statistics of the ``k``-th checkpoint
+    (``weight_stats``). Each of these flags, when given, overrides the recipe's.
 
     Runs that share an architecture are solved together, ``runs·k`` graphs per batch
     (chunked to a memory budget).
@@ -287,14 +301,14 @@ def featurize(
         Show a tqdm bar over graphs.
     return_stats : bool, default False
         Also return the raw statistics ``[len(runs), k, F]`` (``F = 5`` by default).
-    per_layer : bool, default False
+    per_layer : bool, optional
         **Option beyond the method.** After the five statistics of the whole centrality vector,
         the five statistics of each layer's nodes (layers of at least 3 nodes, in node
         order; see :func:`~dtg_gpu.statistics.layer_node_groups`): ``F = 5 + 5·L``. One
         global summary of a few hundred nodes hides which layer moved
         (``benchmarks/results/prediction.md`` measures it). Every run must then have the
         same number of such layers.
-    eigenvalue : bool, default False
+    eigenvalue : bool, optional
         **Option beyond the method.** Append :math:`\log\lambda_1` (the Perron eigenvalue of the
         graph) as the last per-timestep statistic, smoothed like the others (``F + 1``).
         The unit-norm centrality is blind to the scale of the weights (``cA`` has the
@@ -304,9 +318,16 @@ def featurize(
         cannot be read gets a NaN row, and one :class:`~dtg_gpu.exceptions.FailedRunsWarning`
         names every such run with its file and cause (``warning.failures``); the rest of the
         sweep is computed. ``True``: the first such error is raised.
-    fold_batchnorm : bool, default False
+    fold_batchnorm : bool, optional
         **Option beyond the method.** Edges from the inference-time weights of layers
         followed by batch norm (:meth:`~dtg_gpu.topology.ChannelTopology.fold_batchnorm`).
+    features : {"default", "spec"} or FeatureRecipe, default "default"
+        The recipe; ``per_layer``, ``eigenvalue``, ``fold_batchnorm`` and ``weight_stats``
+        left at ``None`` take its values.
+    weight_stats : bool, optional
+        **Baseline appended.** Mean, standard deviation and five quantiles of each weight
+        layer at the ``k``-th checkpoint (:func:`~dtg_gpu.baselines.weight_statistics`), after
+        the temporal features and before the covariates.
     covariates : sequence of str, default ()
         **Option beyond the method.** Hyper-parameters of each run, read from its
         ``meta`` (``run.json``), appended after the temporal features in this order
@@ -315,7 +336,9 @@ def featurize(
 
     Returns
     -------
-    Tensor ``[len(runs), 5·k + len(covariates)]`` (and the statistics with ``return_stats``). A run with
+    Tensor ``[len(runs), F·k + W + len(covariates)]``: ``F`` statistics per timestep (5 with
+    ``"spec"``; ``5 + 5·L + 1`` per layer with λ), ``W`` weight statistics (7 per weight layer,
+    0 without), the covariates (and the statistics with ``return_stats``). A run with
     non-finite weights in its first ``k`` checkpoints has NaN features from that timestep
     on; a run that failed (see ``strict``) has a NaN row.
 
@@ -344,6 +367,8 @@ def featurize(
         strict=strict,
         fold_batchnorm=fold_batchnorm,
         covariates=covariates,
+        features=features,
+        weight_stats=weight_stats,
     )
     warn_failures(failures, stacklevel=3)
     return (feats, stats) if return_stats else feats
@@ -397,20 +422,26 @@ def featurize_with_failures(
     method: Method = "auto",
     chunk_size: int | None = None,
     progress: bool = False,
-    eigenvalue: bool = False,
-    per_layer: bool = False,
+    eigenvalue: bool | None = None,
+    per_layer: bool | None = None,
     strict: bool = False,
     executor: Literal["local", "ray"] = "local",
     address: str | None = None,
     cache: Any = False,
-    fold_batchnorm: bool = False,
+    fold_batchnorm: bool | None = None,
     covariates: Sequence[str] = (),
+    features: str | FeatureRecipe = "default",
+    weight_stats: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
     """:func:`featurize`'s work: ``(features, statistics, failures)`` where ``failures`` maps
     the name of each run that could not be read or traced to the reason (its row is NaN).
 
     ``executor``, ``address`` and ``cache`` as in :func:`~dtg_gpu.workflow.featurize_sweep`
     (default here: no cache)."""
+    recipe = feature_recipe(
+        features, per_layer=per_layer, eigenvalue=eigenvalue, fold_batchnorm=fold_batchnorm, weight_stats=weight_stats
+    )
+    per_layer, eigenvalue, fold_batchnorm = recipe.per_layer, recipe.eigenvalue, recipe.fold_batchnorm
     cache = default_cache(runs, cache)
     runs = list(runs)
     if not runs:
@@ -464,7 +495,8 @@ def featurize_with_failures(
     widths = {len(layer_node_groups(t)) for t in topos.values()} if per_layer else set()
     if len(widths) > 1:
         raise ValueError(
-            f"per_layer=True needs runs with the same number of layers of >= 3 nodes; got {sorted(widths)}"
+            f"per_layer=True (the default features) needs runs with the same number of layers of >= 3 nodes; "
+            f"got {sorted(widths)}: featurize runs of one architecture at a time, or pass features='spec'"
         )
     settings = SolveSettings(
         k=k,
@@ -496,10 +528,43 @@ def featurize_with_failures(
     if failed_rows:
         stats[failed_rows] = float("nan")
     feats = temporal_features(stats, alpha)
+    if recipe.weight_stats:
+        feats = torch.cat([feats, _weight_stats(runs, k, failures, failed_rows, strict).to(feats.dtype)], 1)
+        feats[failed_rows] = float("nan")
     if covariates:
         cov[failed_rows] = float("nan")
         feats = torch.cat([feats, cov.to(feats.dtype)], 1)
     return feats, stats, failures
+
+
+def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list[int], strict: bool) -> torch.Tensor:
+    """Weight statistics of checkpoint ``k`` for every run (NaN rows for failed runs; a run
+    that fails here is added to ``failures``)."""
+    from .baselines import weight_statistics
+
+    rows: list[Any] = [None] * len(runs)
+    for i, run in enumerate(runs):
+        if i in failed_rows:
+            continue
+        try:
+            rows[i] = weight_statistics([run], k)[0]
+        except READ_ERRORS as exc:
+            if strict:
+                raise
+            failures[_unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
+            failed_rows.append(i)
+    widths = {len(r) for r in rows if r is not None}
+    if len(widths) > 1:
+        raise ValueError(
+            f"weight statistics need runs of one architecture (widths {sorted(widths)}); "
+            "pass weight_stats=False or features='spec'"
+        )
+    width = widths.pop() if widths else 0
+    out = torch.full((len(runs), width), float("nan"), dtype=torch.float64)
+    for i, r in enumerate(rows):
+        if r is not None and i not in failed_rows:
+            out[i] = torch.as_tensor(r, dtype=torch.float64)
+    return out
 
 
 #: covariates taken as log10: rates that span decades

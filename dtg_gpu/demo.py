@@ -71,7 +71,8 @@ def run_demo(
     t = sf.timesteps
     early = max(1, t // 4)
     ks = sorted({1, early, t} - {0})  # 5 feature sets x 3 k x 20 splits keeps the demo <= 10 min
-    names = ["dtg", "dtg_per_layer", "weight_stats", "spectral", "learning_curve"]
+    # the library's default first, then the seed's method, then the baselines
+    names = ["default", "dtg", "weight_stats", "spectral", "learning_curve"]
     reps = repeats or (5 if quick else 20)
     echo(f"[3/4] evaluating {len(names)} feature sets at k={ks} over {reps} stratified 90/10 splits")
     rows = compare(sf, ks, names, threshold="median", repeats=reps)
@@ -80,10 +81,10 @@ def run_demo(
     echo(f"Predicting sufficient accuracy (>= sweep median) from the first k of {t} checkpoints:")
     echo(results_table(headline_rows))
     echo("")
-    head = next(r for r in rows if r["features"] == "dtg" and r["k"] == early)
+    head = next(r for r in rows if r["features"] == "default" and r["k"] == early)
     usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
     example = analyze(usable[len(usable) // 2], device=device) if usable else None
-    verdicts = run_verdicts(sf, ks, features="dtg", threshold="median")
+    verdicts = run_verdicts(sf, ks, features="default", threshold="median")
     index = write_report(
         out / "report", sf, rows, example, head, title="dtg_gpu demo: LeNet-5 on digits", verdicts=verdicts
     )

@@ -38,7 +38,14 @@ from .layout import StatisticsLayout
 
 __all__ = ["FEATURE_SETS", "checkpoint_record", "run_records", "feature_vector", "is_diverged", "StoppingRule"]
 
-FEATURE_SETS = ("dtg", "dtg+eigenvalue", "dtg_per_layer", "dtg_per_layer+eigenvalue", "dtg+weight_stats")
+FEATURE_SETS = (
+    "dtg",
+    "dtg+eigenvalue",
+    "dtg_per_layer",
+    "dtg_per_layer+eigenvalue",
+    "dtg+weight_stats",
+    "dtg_per_layer+eigenvalue+weight_stats",
+)
 
 
 def _floats(x) -> list:
@@ -105,6 +112,7 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
             device=device,
             strict=True,
             fold_batchnorm=fold,
+            features="spec",
         )
         return _statistics_blocks(stats[0], layout)
 
@@ -170,7 +178,7 @@ def _columns(rec: Mapping[str, Any], features: str, fold_batchnorm: bool = False
     cols = list(rec.get("dtg") or [None] * 5)
     if features.startswith("dtg_per_layer"):
         cols += list(rec.get("per_layer") or [])
-    if features.endswith("+eigenvalue"):
+    if "+eigenvalue" in features:
         cols.append(rec.get("log_eigenvalue"))
     return cols
 
@@ -207,7 +215,7 @@ def feature_vector(
         )
     stats = torch.from_numpy(np.stack(rows))
     out = [temporal_features(stats, check_alpha(alpha)).numpy()]
-    if features == "dtg+weight_stats":
+    if features.endswith("+weight_stats"):
         out.append(_as_array(records[k - 1].get("weight_stats") or []))
     if values is not None:
         out.append(_as_array(list(values)[:k]))
@@ -391,6 +399,12 @@ class StoppingRule:
         if len(records) < k:
             return None
         feats = ("dtg_per_layer" if fs.get("per_layer") else "dtg") + ("+eigenvalue" if fs.get("eigenvalue") else "")
+        if fs.get("weight_stats"):
+            feats += "+weight_stats"
+        if feats not in FEATURE_SETS:
+            raise ValueError(
+                f"a stopping rule cannot rebuild this predictor's features ({feats}); train it on {FEATURE_SETS}"
+            )
         x = feature_vector(records, k, feats, float(fs.get("alpha", self.alpha)), None, bool(fs.get("fold_batchnorm")))
         return float(self.predictor.predict_proba(x[None, :])[0, list(self.predictor.classes_).index(1)])
 

@@ -11,9 +11,19 @@ The run's feature is :math:`[\tilde s_1, \dots, \tilde s_k]` concatenated in tim
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, replace
+
 import torch
 
-__all__ = ["check_alpha", "reinforcement_weights", "temporal_reinforcement", "temporal_features"]
+__all__ = [
+    "check_alpha",
+    "reinforcement_weights",
+    "temporal_reinforcement",
+    "temporal_features",
+    "FeatureRecipe",
+    "FEATURE_RECIPES",
+    "feature_recipe",
+]
 
 
 def check_alpha(alpha: float) -> float:
@@ -86,3 +96,61 @@ def temporal_features(stats: torch.Tensor, alpha: float, timesteps: int | None =
         raise ValueError(f"timesteps must be in [1, {t}], got {timesteps!r}")
     smoothed = temporal_reinforcement(stats[..., :k, :], alpha)
     return smoothed.reshape(*stats.shape[:-2], k * stats.shape[-1])
+
+
+@dataclass(frozen=True)
+class FeatureRecipe:
+    """What :func:`~dtg_gpu.featurize` puts in a run's row, besides covariates.
+
+    ``per_layer``, ``eigenvalue``, ``fold_batchnorm``: the DTG options (see
+    :func:`~dtg_gpu.featurize`); ``weight_stats``: Unterthiner et al.'s weight statistics of
+    the ``k``-th checkpoint appended (:func:`~dtg_gpu.baselines.weight_statistics`).
+    """
+
+    per_layer: bool
+    eigenvalue: bool
+    fold_batchnorm: bool
+    weight_stats: bool
+
+    def with_overrides(self, **flags: bool | None) -> "FeatureRecipe":
+        """The recipe with each flag that is not ``None`` set to the value given."""
+        for name, v in flags.items():
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"{name} must be True, False or None (the recipe's), got {v!r}")
+        return replace(self, **{k: v for k, v in flags.items() if v is not None})
+
+    def to_dict(self) -> dict[str, bool]:
+        return asdict(self)
+
+
+#: Named feature recipes. ``"spec"``: the seed's method exactly (the five centrality
+#: statistics of each checkpoint, smoothed: ``5·k`` columns). ``"default"``: the best verdict
+#: the checkpoints allowed on the benchmark suite (``benchmarks/results/prediction_suite.md``):
+#: per-layer statistics and :math:`\log\lambda_1` of the graph with batch norm folded into
+#: its layer, and the weight statistics of the ``k``-th checkpoint.
+FEATURE_RECIPES: dict[str, FeatureRecipe] = {
+    "default": FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=True, weight_stats=True),
+    "spec": FeatureRecipe(per_layer=False, eigenvalue=False, fold_batchnorm=False, weight_stats=False),
+}
+
+
+def feature_recipe(features: str | FeatureRecipe = "default", **overrides: bool | None) -> FeatureRecipe:
+    """The recipe named ``features`` (or given), with the flags that are not ``None`` applied.
+
+    Raises
+    ------
+    ValueError
+        An unknown name (the message lists the recipes) or a flag that is not a bool.
+
+    Examples
+    --------
+    >>> feature_recipe("spec").per_layer, feature_recipe("spec", per_layer=True).per_layer
+    (False, True)
+    """
+    if isinstance(features, FeatureRecipe):
+        recipe = features
+    elif isinstance(features, str) and features in FEATURE_RECIPES:
+        recipe = FEATURE_RECIPES[features]
+    else:
+        raise ValueError(f"features must be one of {', '.join(map(repr, FEATURE_RECIPES))}, got {features!r}")
+    return recipe.with_overrides(**overrides)

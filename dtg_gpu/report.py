@@ -102,13 +102,21 @@ def plot_layer_centrality(result, path: Path) -> None:
     plt.close(fig)
 
 
+#: How the rows of :func:`~dtg_gpu.workflow.compare` are named for a reader.
+ROW_LABELS = {
+    "default": "default (dtg_gpu)",
+    "dtg": "dtg (seed's method)",
+    "learning_curve": "learning_curve (uses data)",
+}
+
+
 def results_table(rows: Sequence[dict], markdown: bool = False) -> str:
     """One line per (feature set, k): precision / recall / F1 / AUC / average precision,
     mean [95 % CI]."""
     head = ["features", "k", "precision", "recall", "f1", "roc_auc", "average_precision"]
     lines = []
     for r in rows:
-        cells = [r["features"], str(r["k"])]
+        cells = [ROW_LABELS.get(r["features"], r["features"]), str(r["k"])]
         for m in head[2:]:
             s = r["scores"][m]
             cells.append(f"{s['mean']:.3f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]")

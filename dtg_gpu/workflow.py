@@ -25,10 +25,12 @@ from .features import temporal_features
 from .layout import StatisticsLayout
 from .predictor import PerformancePredictor, label_runs
 from .statistics import layer_node_groups
+from .sweeps import SweepRuns
 
 __all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "run_verdicts", "FEATURE_SETS"]
 
 FEATURE_SETS = (
+    "default",
     "dtg",
     "weight_stats",
     "spectral",
@@ -52,6 +54,7 @@ class SweepFeatures:
     failed: dict = field(default_factory=dict)  # run name -> why it could not be read or solved
     usable: np.ndarray = None  # type: ignore[assignment]  # [runs] bool, False for runs in `failed` (all True if not given)
     layout: StatisticsLayout | None = None  # the columns of stats ⊕ layer_stats ⊕ log_eigenvalue
+    folded: "SweepFeatures | None" = None  # the same with batch norm folded (None: nothing to fold)
 
     def __post_init__(self) -> None:
         if self.usable is None:
@@ -112,6 +115,7 @@ def featurize_sweep(
     cache: Any = None,
     chunk_size: int | None = None,
     fold_batchnorm: bool = False,
+    with_folded: bool = True,
 ) -> SweepFeatures:
     """Solve every checkpoint of every run once; keep the raw statistics.
 
@@ -148,6 +152,10 @@ def featurize_sweep(
         Graphs per batch (rounded to whole runs); default: sized to a 1 GiB budget.
     fold_batchnorm : bool, default False
         As in :func:`~dtg_gpu.featurize` (option beyond the method).
+    with_folded : bool, default True
+        When a network has batch norm to fold and ``fold_batchnorm`` is False, also solve the
+        folded graphs (kept in ``folded``): what the ``"default"`` feature set reads. A
+        second solve of those runs (cached like the first).
 
     Raises
     ------
@@ -157,6 +165,7 @@ def featurize_sweep(
         ``executor="ray"`` without Ray installed (the message says how to install it).
     """
     failed = dict(getattr(runs, "failed", {}))
+    runs_in = runs
     cache = default_cache(runs, cache)
     runs = list(runs)
     topos = {}
@@ -185,12 +194,31 @@ def featurize_sweep(
         cache=cache,
         chunk_size=chunk_size,
         fold_batchnorm=fold_batchnorm,
+        features="spec",
     )
     warn_failures(failures, stacklevel=2)
     failed.update(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
     spec, layers, lam = layout.split(stats)
+    folded = None
+    if with_folded and not fold_batchnorm and any(l.batchnorm is not None for t in topos.values() for l in t.layers):
+        folded = featurize_sweep(
+            SweepRuns(runs, failed=failed, path=getattr(runs_in, "path", None)),
+            alpha,
+            device,
+            dtype,
+            progress,
+            strict,
+            executor=executor,
+            address=address,
+            cache=cache if cache is not None else False,
+            chunk_size=chunk_size,
+            fold_batchnorm=True,
+            with_folded=False,
+        )
+        usable &= folded.usable
+        failed.update(folded.failed)
     return SweepFeatures(
         runs=runs,
         stats=spec,
@@ -201,13 +229,15 @@ def featurize_sweep(
         failed=failed,
         usable=usable,
         layout=layout,
+        folded=folded,
     )
 
 
 def feature_sets(
     sf: SweepFeatures, k: int, names: Sequence[str], covariates: Sequence[str] = ()
 ) -> dict[str, np.ndarray]:
-    """Feature matrices for ``k`` checkpoints: ``dtg``, ``weight_stats``, ``spectral``,
+    """Feature matrices for ``k`` checkpoints: ``default`` (:func:`~dtg_gpu.featurize`'s
+    default recipe), ``dtg`` (the seed's method), ``weight_stats``, ``spectral``,
     ``dtg+weight_stats``, ``dtg+eigenvalue``, ``dtg_per_layer`` and
     ``dtg_per_layer+eigenvalue`` (options beyond the method), ``learning_curve``, and
     ``covariates`` (the known hyper-parameters alone: the hyper-parameter oracle).
@@ -232,7 +262,11 @@ def feature_sets(
         return full
 
     for name in names:
-        if name == "dtg":
+        if name == "default":  # featurize's default recipe: folded per-layer + λ, weight statistics
+            src = sf.folded if sf.folded is not None else sf
+            ws = per_run(weight_statistics) if ws is None else ws
+            out[name] = np.hstack([src.dtg(k, per_layer=src.layer_stats is not None, eigenvalue=True), ws])
+        elif name == "dtg":
             out[name] = sf.dtg(k)
         elif name in ("weight_stats", "dtg+weight_stats"):
             ws = per_run(weight_statistics) if ws is None else ws
@@ -270,16 +304,20 @@ def compare(
 ) -> list[dict]:
     """Evaluate every feature set at every ``k``; one row per (feature set, k).
 
+    ``clf``: the classifier of every row; default: the seed's MLP
+    (:meth:`PerformancePredictor.spec`) for ``dtg`` (the seed's method), the default
+    :class:`PerformancePredictor` for every other set.
+
     ``covariates``: known hyper-parameters appended to every feature set (see
     :func:`feature_sets`). Runs that failed to be read or solved (``sf.usable`` False) are left out of labels,
     training and testing; featurising named them in a warning already."""
     keep = sf.usable
     y = label_runs(sf.accuracies[keep], threshold)
-    clf = clf or PerformancePredictor()
     rows = []
     for k in ks:
         for name, X in feature_sets(sf, k, names, covariates).items():
-            s = evaluate(clf, X[keep], y, repeats=repeats, seed=seed)
+            row_clf = clf or (PerformancePredictor.spec() if name == "dtg" else PerformancePredictor())
+            s = evaluate(row_clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
     return rows
 
@@ -287,7 +325,7 @@ def compare(
 def run_verdicts(
     sf: SweepFeatures,
     ks: Sequence[int],
-    features: str = "dtg",
+    features: str = "default",
     threshold: Any = "median",
     folds: int = 5,
     seed: int = 0,
@@ -315,7 +353,7 @@ def run_verdicts(
     )
     n_splits = int(min(folds, np.bincount(y).min())) if np.unique(y).size == 2 else 0
     proba = np.full((len(sf.runs), len(ks)), np.nan)
-    base = clf or PerformancePredictor(random_state=seed)
+    base = clf or (PerformancePredictor.spec if features == "dtg" else PerformancePredictor)(random_state=seed)
     for j, k in enumerate(ks):
         X = feature_sets(sf, int(k), [features])[features][keep]
         if n_splits >= 2:

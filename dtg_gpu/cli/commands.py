@@ -26,26 +26,48 @@ def _features(p: argparse.ArgumentParser) -> None:
     _device(p)
 
 
+def _spec_flag(p: argparse.ArgumentParser, what: str = "features") -> None:
+    p.add_argument(
+        "--spec",
+        action="store_true",
+        help=f"the seed's method exactly ({what}): the five centrality statistics per checkpoint"
+        + (" and an MLP of 32 on standardised features" if what != "features" else "")
+        + "; default: the suite's best recipe (per-layer statistics and log lambda_1 of the graph with "
+        "batch norm folded, weight statistics"
+        + (", a logistic regression on quantile-scaled features)" if what != "features" else ")"),
+    )
+
+
 def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
+    _spec_flag(p, "features" if p.prog.split()[-1] == "featurize" else "features and classifier")
     p.add_argument(
         "--per-layer",
-        action="store_true",
-        help="option beyond the method: also the five statistics of each layer's nodes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the five statistics of each layer's nodes too (default: on; off with --spec)",
     )
     p.add_argument(
         "--eigenvalue",
-        action="store_true",
-        help="option beyond the method: add log(lambda_1) as a last statistic per timestep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="log(lambda_1) as a last statistic per timestep (default: on; off with --spec)",
     )
-    _family_flags(p)
+    p.add_argument(
+        "--weight-stats",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="append the weight statistics of checkpoint k (default: on; off with --spec)",
+    )
+    _family_flags(p, tri_state=True)
 
 
-def _family_flags(p: argparse.ArgumentParser) -> None:
+def _family_flags(p: argparse.ArgumentParser, tri_state: bool = False) -> None:
     p.add_argument(
         "--fold-batchnorm",
-        action="store_true",
-        help="option beyond the method: edges from the inference-time weights of layers followed "
-        "by batch norm (gamma/sqrt(var+eps) * W per output channel)",
+        action=argparse.BooleanOptionalAction if tri_state else "store_true",
+        default=None if tri_state else False,
+        help="edges from the inference-time weights of layers followed by batch norm "
+        "(gamma/sqrt(var+eps) * W per output channel)" + ("; default: on, off with --spec" if tri_state else ""),
     )
     p.add_argument(
         "--covariates",
@@ -104,19 +126,19 @@ def _sweep_features(a, runs):
     ``usable[i]`` is False for a run that could not be read or solved (its row is NaN)."""
     from ..analysis import featurize_with_failures, warn_failures
     from ..exceptions import TopologyError
+    from ..features import feature_recipe
     from ..layout import StatisticsLayout
 
+    recipe = _recipe(a)
     X, _, failures = featurize_with_failures(
         runs,
         timesteps=a.timesteps,
         alpha=a.alpha,
         device=a.device,
         progress=True,
-        eigenvalue=a.eigenvalue,
-        per_layer=a.per_layer,
         strict=a.strict,
-        fold_batchnorm=a.fold_batchnorm,
         covariates=a.covariates,
+        features=feature_recipe(recipe),
         **_executor(a),
     )
     warn_failures(failures)
@@ -124,8 +146,29 @@ def _sweep_features(a, runs):
     if not usable.any():
         raise TopologyError("no run of the sweep could be read: " + "; ".join(list(failures.values())[:3]))
     first = runs[int(np.flatnonzero(usable)[0])]
-    layout = StatisticsLayout.of(first.topology, per_layer=a.per_layer, eigenvalue=a.eigenvalue)
-    return X, layout.names, layout.timesteps(X.shape[1] - len(a.covariates)), usable
+    layout = StatisticsLayout.of(first.topology, per_layer=recipe.per_layer, eigenvalue=recipe.eigenvalue)
+    ws = _weight_stat_names(first) if recipe.weight_stats else []
+    k = layout.timesteps(X.shape[1] - len(a.covariates) - len(ws))
+    return X, layout.names, k, usable, ws
+
+
+def _recipe(a):
+    """The feature recipe of the command's flags: ``--spec`` or the default, with overrides."""
+    from ..features import feature_recipe
+
+    return feature_recipe(
+        "spec" if getattr(a, "spec", False) else "default",
+        per_layer=getattr(a, "per_layer", None),
+        eigenvalue=getattr(a, "eigenvalue", None),
+        fold_batchnorm=getattr(a, "fold_batchnorm", None),
+        weight_stats=getattr(a, "weight_stats", None),
+    )
+
+
+def _weight_stat_names(run) -> list[str]:
+    """Column names of the weight statistics: ``ws_<layer>_<statistic>``."""
+    stats = ("mean", "std", "min", "q25", "median", "q75", "max")
+    return [f"ws_{p.removesuffix('.weight')}_{s}" for p in run.topology.params for s in stats]
 
 
 def _json_safe(obj):
@@ -397,8 +440,8 @@ def _featurize_run(a) -> int:
     _writable(a.out)
 
     runs = _load_sweep(a)
-    X, names, k, _ = _sweep_features(a, runs)
-    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names] + list(a.covariates)
+    X, names, k, _, ws = _sweep_features(a, runs)
+    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names] + ws + list(a.covariates)
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])
@@ -433,9 +476,9 @@ def _scaling(p):
     p.add_argument(
         "--scaling",
         choices=("standard", "quantile"),
-        default="standard",
-        help="feature scaling before the MLP: standard (the method) or quantile (normal scores of "
-        "the training ranks; option beyond the method, for heavy-tailed features such as DTG's)",
+        default=None,
+        help="feature scaling before the classifier: quantile (normal scores of the training ranks; "
+        "the default) or standard (the seed's method, the default with --spec)",
     )
     p.add_argument(
         "--select",
@@ -451,6 +494,20 @@ def _scaling(p):
         help="option beyond the method: choose the scaling and --select by 3-fold cross-validation "
         "inside each training split (nested; overrides --scaling and --select)",
     )
+
+
+def _classifier(a):
+    """The predictor of the command's flags: the default, or the seed's MLP with ``--spec``;
+    ``--scaling``, ``--select``, ``--auto`` and ``--epochs`` override."""
+    from ..predictor import PerformancePredictor
+
+    clf = PerformancePredictor.spec() if getattr(a, "spec", False) else PerformancePredictor()
+    changes = {"select": a.select, "auto": a.auto}
+    if a.scaling is not None:
+        changes["scaling"] = a.scaling
+    if getattr(a, "epochs", None) is not None:
+        changes["epochs"] = a.epochs
+    return clf.set_params(**changes)
 
 
 def _positive_int(text: str) -> int:
@@ -486,30 +543,27 @@ def _threshold(text: str):
 
 
 def _train_run(a) -> int:
-    from ..predictor import PerformancePredictor, architecture_signature, label_runs
+    from ..predictor import architecture_signature, label_runs
 
     _writable(a.out)
 
     runs = _load_sweep(a)
     label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
-    X, names, k, usable = _sweep_features(a, runs)
+    X, names, k, usable, ws = _sweep_features(a, runs)
     runs = [r for r, u in zip(runs, usable) if u]  # failed runs: named in a warning, left out
     X = X[torch_index(usable)]
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
-    clf = PerformancePredictor(
-        epochs=a.epochs,
+    recipe = _recipe(a)
+    clf = _classifier(a)
+    clf.set_params(
         random_state=a.seed,
-        scaling=a.scaling,
-        auto=a.auto,
-        select=a.select,
         feature_settings={
             "alpha": a.alpha,
             "timesteps": k,
             "threshold": a.threshold,
             "statistics": names,
-            "eigenvalue": bool(a.eigenvalue),
-            "per_layer": bool(a.per_layer),
-            "fold_batchnorm": bool(a.fold_batchnorm),
+            "features": "spec" if a.spec else "default",
+            **recipe.to_dict(),
             "covariates": list(a.covariates),
             "architecture": architecture_signature(runs[0].topology),
         },
@@ -577,9 +631,10 @@ def _evaluate_args(p):
     p.add_argument(
         "--features",
         nargs="+",
-        default=["dtg"],
-        help="dtg, weight_stats, spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, "
-        "dtg_per_layer+eigenvalue, learning_curve, covariates (the hyper-parameters alone)",
+        default=["default", "dtg"],
+        help="default (the library's default recipe and classifier), dtg (the seed's method), weight_stats, "
+        "spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, dtg_per_layer+eigenvalue, "
+        "learning_curve, covariates (the hyper-parameters alone); default: default dtg",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument(
@@ -624,7 +679,11 @@ def _evaluate_run(a) -> int:
         a.features,
         threshold=_threshold(a.threshold),
         repeats=a.repeats,
-        clf=PerformancePredictor(scaling=a.scaling, select=a.select, auto=a.auto),
+        clf=(
+            None  # each row's own: the seed's MLP for dtg, the default classifier for the others
+            if a.scaling is None and a.select is None and not a.auto
+            else PerformancePredictor(**({"scaling": a.scaling} if a.scaling else {}), select=a.select, auto=a.auto)
+        ),
         covariates=a.covariates,
     )
     if a.report:
