@@ -16,6 +16,7 @@ normalisation of the features, lambda_1, per-layer statistics, the predictor's f
 Usage: python benchmarks/bench_prediction.py [--quick] [--work DIR] [--out DIR] [--repeats 20]
        python benchmarks/bench_prediction.py --focus [--repeats 100] [--float64]   (the headline only)
        python benchmarks/bench_prediction.py --families [--repeats 100]   (across families, issue #19)
+       python benchmarks/bench_prediction.py --suite --root ROOT [--repeats 100]   (the suite, issue #33)
 """
 
 from __future__ import annotations
@@ -258,6 +259,13 @@ def focus(a) -> None:
 
 
 def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--suite" in args:  # every sweep of the suite (bench_suite.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_suite
+
+        args.remove("--suite")
+        return bench_suite.main(args)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one seed (32 runs a sweep), 5 splits")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-prediction"))

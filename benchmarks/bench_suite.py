@@ -86,11 +86,18 @@ def candidates():
         return PerformancePredictor(random_state=0, **kw)
 
     return {
-        "spec (seed: dtg, MLP)": (["spec"], lambda: mlp()),
-        "dtg per layer+lam, quantile MLP": (["layer_lam"], lambda: mlp(scaling="quantile")),
-        "dtg per layer+lam folded, quantile MLP": (["layer_lam_folded"], lambda: mlp(scaling="quantile")),
+        "library default (featurize + PerformancePredictor)": (["layer_lam_folded+ws"], lambda: mlp()),
+        "spec (seed: dtg, MLP)": (["spec"], lambda: PerformancePredictor.spec(random_state=0)),
+        "dtg per layer+lam, quantile MLP": (
+            ["layer_lam"],
+            lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
+        ),
+        "dtg per layer+lam folded, quantile MLP": (
+            ["layer_lam_folded"],
+            lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
+        ),
         "dtg per layer+lam folded, LR(q)": (["layer_lam_folded"], lambda: lr_q()),
-        "weight stats, MLP": (["ws"], lambda: mlp()),
+        "weight stats, MLP": (["ws"], lambda: PerformancePredictor.spec(random_state=0)),
         "weight stats, LR(q)": (["ws"], lambda: lr_q()),
         "concat folded+ws, LR(q)": (["layer_lam_folded+ws"], lambda: lr_q()),
         "avg LR(q): folded | ws": (["layer_lam_folded", "ws"], "avg"),
@@ -180,6 +187,116 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
         warnings.simplefilter("ignore")
         s = evaluate(clf, X, y, repeats=repeats, seed=0)
     return {m: {k: float(s[m][k]) for k in ("mean", "ci_low", "ci_high")} for m in ("precision", "roc_auc")}
+
+
+def markdown(doc: dict, feats: dict, command: str) -> str:
+    """The results page: one table (candidates x sweeps), the leave-one-sweep-out choice, the
+    transfer table."""
+    table = doc["table"]
+    sweeps = list(table)
+    cands = list(next(iter(table.values())))
+    lines = [
+        "# Prediction on the benchmark suite (issue #33)",
+        "",
+        f"`{command}` ({doc['date']}, {doc['repeats']} stratified 90/10 splits per cell, shared by every row;"
+        " label: final accuracy >= the sweep median; k = 25 % of the checkpoints). Each cell: precision / ROC AUC"
+        " of the sufficient class, mean over the splits, and the 95 % interval of each.",
+        "",
+        "| candidate | " + " | ".join(f"{s} (k={int(feats[s]['k'])}/{int(feats[s]['T'])})" for s in sweeps) + " |",
+        "|---|" + "---|" * len(sweeps),
+    ]
+    for c in cands:
+        cells = []
+        for s in sweeps:
+            p, a = table[s][c]["precision"], table[s][c]["roc_auc"]
+            cells.append(
+                f"{p['mean']:.2f} / {a['mean']:.2f} <small>[{p['ci_low']:.2f}, {p['ci_high']:.2f}] / [{a['ci_low']:.2f}, {a['ci_high']:.2f}]</small>"
+            )
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    if doc.get("leave_one_sweep_out"):
+        lines += [
+            "",
+            "## Leave one sweep out",
+            "",
+            "For each sweep, the data-free candidate with the best mean rank on the other sweeps, scored here:",
+            "",
+        ]
+        lines += ["| held-out sweep | chosen elsewhere | precision / AUC here |", "|---|---|---|"]
+        for s, r in doc["leave_one_sweep_out"].items():
+            lines.append(f"| {s} | {r['chosen']} | {r['precision']['mean']:.2f} / {r['roc_auc']['mean']:.2f} |")
+    if doc.get("transfer"):
+        t = doc["transfer"]
+        lines += [
+            "",
+            "## Transfer: no run of the held-out sweep seen",
+            "",
+            f"A logistic regression on the seed's features at the first {t['k']} checkpoints of every other sweep, scored on the held-out one (ROC AUC; 0.5 is chance):",
+            "",
+        ]
+        scalings = list(next(iter(t["auc"].values())))
+        lines += ["| held-out sweep | " + " | ".join(scalings) + " |", "|---|" + "---|" * len(scalings)]
+        for s, row in t["auc"].items():
+            lines.append(f"| {s} | " + " | ".join(f"{row[k]:.2f}" for k in scalings) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def leave_one_sweep_out(table: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """For each sweep: the data-free candidate with the best mean rank (precision and AUC
+    together) on the *other* sweeps, and its score on this one."""
+    data_free = [c for c in next(iter(table.values())) if "oracle" not in c and "learning curve" not in c]
+    out = {}
+    for held in table:
+        others = [s for s in table if s != held]
+        if not others:
+            break
+        ranks = {c: 0.0 for c in data_free}
+        for s in others:
+            for m in ("precision", "roc_auc"):
+                order = sorted(data_free, key=lambda c: -table[s][c][m]["mean"])
+                for r, c in enumerate(order):
+                    ranks[c] += r / (2 * len(others))
+        best = min(data_free, key=lambda c: ranks[c])
+        out[held] = {"chosen": best, "mean_rank_elsewhere": ranks[best], **table[held][best]}
+        print(
+            f"leave-one-sweep-out -> {held:26s} chose {best!r}: {table[held][best]['precision']['mean']:.3f} / {table[held][best]['roc_auc']['mean']:.3f}"
+        )
+    return out
+
+
+def transfer(feats: dict[str, dict]) -> dict[str, dict]:
+    """Leave one sweep out: a logistic regression on the seed's features at the first k_min
+    checkpoints of every other sweep, scored (ROC AUC) on the held-out sweep, no run of it
+    seen. Scaling: pooled standardisation, or ranks within each sweep (normal scores)."""
+    from scipy.stats import norm, rankdata
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.preprocessing import StandardScaler
+
+    kmin = min(int(f["k"]) for f in feats.values())
+    data = {}
+    for name, f in feats.items():
+        keep = f["usable"].astype(bool)
+        X = f["spec"][keep][:, : 5 * kmin]
+        y = label_runs(f["acc"][keep], "median")
+        good = np.isfinite(X).all(1)
+        data[name] = (X[good], y[good])
+
+    def within(X):
+        return norm.ppf((rankdata(X, axis=0) - 0.5) / X.shape[0])
+
+    out = {}
+    for held in data:
+        row = {}
+        for scaling in ("standard", "within-sweep ranks"):
+            tr = [within(data[n][0]) if scaling != "standard" else data[n][0] for n in data if n != held]
+            Xtr, ytr = np.vstack(tr), np.concatenate([data[n][1] for n in data if n != held])
+            Xte = within(data[held][0]) if scaling != "standard" else data[held][0]
+            sc = StandardScaler().fit(Xtr)
+            clf = LogisticRegression(C=0.1, max_iter=5000).fit(sc.transform(Xtr), ytr)
+            row[scaling] = float(roc_auc_score(data[held][1], clf.predict_proba(sc.transform(Xte))[:, 1]))
+        out[held] = row
+        print(f"transfer -> {held:26s} " + "  ".join(f"{k}: AUC {v:.3f}" for k, v in row.items()), flush=True)
+    return {"k": kmin, "auc": out}
 
 
 def main(argv=None) -> None:

@@ -489,6 +489,8 @@ def _one_series(path: Path, files: list[Path]) -> list[Path]:
     """The files of one checkpoint series: the only one, or the model's when the others are
     clearly something else (optimizer state) or another copy of the weights (EMA); else an
     error that lists the series and how to choose."""
+    if any(not re.search(r"\d", f.stem) for f in files):
+        return files  # a name without a number: its time order is unknown (an error of its own)
     series: dict[str, list[Path]] = {}
     for f in files:
         series.setdefault(_series_of(f), []).append(f)

@@ -61,12 +61,12 @@ def test_batched_equals_looped_and_featurize_batches_runs(device):
         np.testing.assert_allclose(whole.centrality[t].numpy(), one.centrality[0].numpy(), atol=1e-12)
     chunked = analyze(runs[0], chunk_size=2, **kw)
     np.testing.assert_allclose(whole.centrality.numpy(), chunked.centrality.numpy(), atol=1e-12)
-    feats = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, **kw)
+    feats = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, features="spec", **kw)
     assert feats.shape == (3, 15)
     for i, run in enumerate(runs):
         np.testing.assert_allclose(feats[i].numpy(), analyze(run, alpha=0.5, **kw).features.numpy(), atol=1e-10)
     # option beyond SPEC: log(lambda_1) as a sixth statistic, smoothed like the others
-    six = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, eigenvalue=True, **kw).view(3, 3, 6)
+    six = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, eigenvalue=True, features="spec", **kw).view(3, 3, 6)
     np.testing.assert_allclose(six[..., :5].reshape(3, 15).numpy(), feats.numpy(), atol=1e-12)
     lam = np.log(analyze(runs[1], **kw).eigenvalue.numpy())
     want = [lam[0], 0.5 * lam[1] + 0.5 * lam[0], 0.5 * lam[2] + 0.25 * lam[1] + 0.25 * lam[0]]
@@ -102,14 +102,16 @@ def test_per_layer_statistics_option_matches_scipy_per_layer():
     kw = dict(device="cpu", dtype=torch.float64, tol=1e-12)
     groups = dtg_gpu.statistics.layer_node_groups(runs[0].topology)
     assert [len(idx) for _, idx in groups] == [6, 16, 120, 84, 10]  # the 1-node input is left out
-    X, st = dtg_gpu.featurize(runs, alpha=1.0, per_layer=True, eigenvalue=True, return_stats=True, **kw)
+    X, st = dtg_gpu.featurize(
+        runs, alpha=1.0, per_layer=True, eigenvalue=True, return_stats=True, features="spec", **kw
+    )
     assert X.shape == (2, 2 * (5 + 25 + 1)) and st.shape == (2, 2, 31)
     c = analyze(runs[1], **kw).centrality.numpy()
     for li, (_, idx) in enumerate(groups):
         v = c[1, idx.numpy()]
         want = [v.mean(), v.std(), np.median(v), scipy.stats.skew(v), scipy.stats.kurtosis(v)]
         np.testing.assert_allclose(st[1, 1, 5 + 5 * li : 10 + 5 * li].numpy(), want, rtol=1e-9, atol=1e-12)
-    base = dtg_gpu.featurize(runs, alpha=1.0, **kw)
+    base = dtg_gpu.featurize(runs, alpha=1.0, features="spec", **kw)
     np.testing.assert_allclose(st[:, :, :5].reshape(2, 10).numpy(), base.numpy(), atol=1e-12)
 
 
@@ -182,7 +184,7 @@ def test_featurize_errors_name_the_run():
         dtg_gpu.featurize([], timesteps=3)
     with pytest.raises(ValueError, match="alpha"):
         dtg_gpu.featurize(runs, timesteps=2, alpha=2.0)
-    assert dtg_gpu.featurize(runs, device="cpu").shape == (2, 10)  # default k: the shortest run
+    assert dtg_gpu.featurize(runs, device="cpu", features="spec").shape == (2, 10)  # default k: the shortest run
 
 
 def test_all_exports_import_and_are_unique():

@@ -60,13 +60,31 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     assert main(["evaluate", str(sweep), "--timesteps", "2", "--repeats", "2", "--device", "cpu", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)[0]
     assert set(row) == {"features", "k", *METRICS} and len(row["average_precision"]["values"]) == 2
-    # option beyond SPEC: log(lambda_1) per timestep; the predictor featurises new runs the same way
+    # the seed's features with one option: log(lambda_1) per timestep
     assert (
-        main(["featurize", str(sweep), "--timesteps", "2", "--eigenvalue", "--out", str(csv), "--device", "cpu"]) == 0
+        main(
+            [
+                "featurize",
+                str(sweep),
+                "--timesteps",
+                "2",
+                "--spec",
+                "--eigenvalue",
+                "--out",
+                str(csv),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
     )
     assert csv.read_text().splitlines()[0].endswith("kurtosis_t2,log_eigenvalue_t2")
-    assert main(["featurize", str(sweep), "--timesteps", "1", "--per-layer", "--out", str(csv), "--device", "cpu"]) == 0
+    args = ["featurize", str(sweep), "--timesteps", "1", "--spec", "--per-layer", "--out", str(csv), "--device", "cpu"]
+    assert main(args) == 0
     assert len(csv.read_text().splitlines()[0].split(",")) == 2 + 30
+    # the default recipe, one option turned off
+    assert main(["featurize", str(sweep), "-k", "1", "--no-weight-stats", "--out", str(csv), "--device", "cpu"]) == 0
+    assert csv.read_text().splitlines()[0].endswith("kurtosis_t1,log_eigenvalue_t1")
     assert "classifier.7:kurtosis_t1" in csv.read_text().splitlines()[0]
     assert (
         main(

@@ -198,10 +198,15 @@ def test_featurize_folded_equals_a_network_without_batchnorm_holding_the_folded_
         plain_states.append(plain.state_dict())
     run = Run(_conv_bn_net(affine=affine), states, name="bn")
     ref = Run(_conv_bn_net(bn=False), plain_states, name="plain")
-    got = dtg_gpu.featurize([run], fold_batchnorm=True, device="cpu", dtype=torch.float64, tol=1e-12)
-    want = dtg_gpu.featurize([ref], device="cpu", dtype=torch.float64, tol=1e-12)
+    kw = dict(device="cpu", dtype=torch.float64, tol=1e-12, features="spec")  # the graph's features only
+    got = dtg_gpu.featurize([run], fold_batchnorm=True, **kw)
+    want = dtg_gpu.featurize([ref], **kw)
     torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
-    unfolded = dtg_gpu.featurize([run], device="cpu", dtype=torch.float64, tol=1e-12)
+    # the default recipe folds too: its graph columns are the folded graph's
+    default = dtg_gpu.featurize([run], device="cpu", dtype=torch.float64, tol=1e-12, weight_stats=False)
+    folded_rich = dtg_gpu.featurize([ref], per_layer=True, eigenvalue=True, **kw)
+    torch.testing.assert_close(default, folded_rich, rtol=1e-7, atol=1e-9)
+    unfolded = dtg_gpu.featurize([run], **kw)
     assert not torch.allclose(unfolded, want, atol=1e-3)
     res = dtg_gpu.analyze(run, device="cpu", dtype=torch.float64, tol=1e-12, fold_batchnorm=True)
     torch.testing.assert_close(res.features, want[0], rtol=1e-7, atol=1e-9)
@@ -266,7 +271,7 @@ def test_fold_batchnorm_reads_the_running_variance_from_each_checkpoint():
     assert torch.isnan(X).all()  # one unreadable checkpoint fails its run, named
     msg = [str(w.message) for w in caught if issubclass(w.category, FailedRunsWarning)]
     assert msg and "1.running_var" in msg[0]
-    assert torch.isfinite(dtg_gpu.featurize([run], timesteps=2, device="cpu")).all()  # unfolded: not needed
+    assert torch.isfinite(dtg_gpu.featurize([run], timesteps=2, device="cpu", features="spec")).all()  # unfolded
 
 
 # ------------------------------------------------------------------------------------ covariates
@@ -411,7 +416,7 @@ def test_checkpoint_records_carry_the_folded_graph_for_batch_norm_nets():
         states.append({k: v.clone() for k, v in net.state_dict().items()})
     run = Run(_conv_bn_net(), states, name="bn")
     recs = run_records(run, device="cpu")
-    assert all(set(r) == {"dtg", "per_layer", "log_eigenvalue", "weight_stats", "folded"} for r in recs)
+    assert all(set(r) == {"dtg", "per_layer", "log_eigenvalue", "weight_stats", "folded", "architecture"} for r in recs)
     _, folded = dtg_gpu.featurize(
         [run], fold_batchnorm=True, per_layer=True, eigenvalue=True, device="cpu", return_stats=True
     )

@@ -3,6 +3,7 @@ and the rest is computed; ``strict`` turns it into an error."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import warnings
@@ -49,6 +50,11 @@ def tamper(sweep):
     bad.write_bytes(bytes(data))
     for f in _files(sweep / "run-0003"):
         save_file({k: v * 1e17 for k, v in load_file(f).items()}, str(f))
+    meta = json.loads((sweep / "run-0003" / "run.json").read_text())
+    for c in meta["checkpoints"]:  # as training itself records a diverging run's files
+        c["bytes"] = (sweep / "run-0003" / c["file"]).stat().st_size
+        c["sha256"] = hashlib.sha256((sweep / "run-0003" / c["file"]).read_bytes()).hexdigest()
+    (sweep / "run-0003" / "run.json").write_text(json.dumps(meta))
     meta = json.loads((sweep / "run-0004" / "run.json").read_text())
     meta["model"] = "foonet"
     (sweep / "run-0004" / "run.json").write_text(json.dumps(meta))
@@ -80,7 +86,7 @@ def test_featurize_isolates_a_corrupt_checkpoint(bad_sweep, clean_sweep):
     with pytest.warns(FailedRunsWarning):
         runs = load_sweep(bad_sweep)
     with pytest.warns(FailedRunsWarning, match=r"run-0002.*ckpt") as rec:
-        X = dtg_gpu.featurize(runs, timesteps=3, device="cpu")
+        X = dtg_gpu.featurize(runs, timesteps=3, device="cpu", features="spec")  # the scale-free centrality
     assert list(rec[0].message.failures) == ["run-0002"]
     names = [r.name for r in runs]
     i_bad = names.index("run-0002")
@@ -90,7 +96,7 @@ def test_featurize_isolates_a_corrupt_checkpoint(bad_sweep, clean_sweep):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FailedRunsWarning)
         clean = {r.name: r for r in load_sweep(clean_sweep)}
-    ref = dtg_gpu.featurize([clean[n] for n in names if n != "run-0002"], timesteps=3, device="cpu")
+    ref = dtg_gpu.featurize([clean[n] for n in names if n != "run-0002"], timesteps=3, device="cpu", features="spec")
     # scale-free: the run multiplied by 1e17 has the features of the clean run
     np.testing.assert_allclose(X[good].numpy(), ref.numpy(), atol=2e-4, rtol=1e-3)
     with pytest.raises(CheckpointError, match="run-0002"):
@@ -112,9 +118,10 @@ def test_cli_goes_on_past_bad_runs_and_strict_stops(bad_sweep, tmp_path, capsys)
     csv = tmp_path / "f.csv"
     assert main(["featurize", str(bad_sweep), "--timesteps", "2", "--out", str(csv), "--device", "cpu"]) == 0
     lines = csv.read_text().splitlines()
-    assert len(lines) == 1 + 11
-    bad_row = next(line for line in lines if line.startswith("run-0002,"))
-    assert bad_row.split(",")[2] == ""  # NaN features, written as empty fields
+    assert len(lines) == 1 + 12  # every run, those that could not be read as NaN rows
+    for name in ("run-0002", "run-0004"):  # unreadable checkpoint; run.json naming no model
+        bad_row = next(line for line in lines if line.startswith(f"{name},"))
+        assert bad_row.split(",")[2] == ""  # NaN features, written as empty fields
     err = capsys.readouterr().err
     assert "run-0002" in err and "run-0004" in err
     assert (
@@ -183,9 +190,9 @@ def test_resumed_sweep_retrains_damaged_runs_and_keeps_foreign_ones(tmp_path):
     with pytest.warns(dtg_gpu.DTGWarning) as caught:
         run_sweep(cfg, out, progress=False, device="cpu")
     said = " ".join(str(w.message) for w in caught)
-    # same-size corruption and rewritten checkpoints fail their recorded SHA-256: moved aside, retrained
+    # same-size corruption fails its recorded SHA-256: moved aside, retrained
     aside = sorted(p.name.rsplit("-", 1)[0] for p in (out / ".dtg-aside").iterdir())
-    assert [a[:8] for a in aside] == ["run-0002", "run-0003"] and "SHA-256" in said
+    assert [a[:8] for a in aside] == ["run-0002"] and "SHA-256" in said
     for n in ("run-0002", "run-0003"):
         assert json.loads((out / n / "run.json").read_text())["complete"] is True
     # the folders moved aside keep every file as it was

@@ -50,10 +50,19 @@ def _synthetic(n=120, d=10, seed=0):
 
 def test_learns_a_known_rule_and_is_reproducible():
     X, y = _synthetic()
-    clf = PerformancePredictor(random_state=0).fit(X[:100], y[:100])
+    clf = PerformancePredictor.spec(random_state=0).fit(X[:100], y[:100])  # the seed's MLP
     assert clf.score(X[100:], y[100:]) >= 0.85
-    again = PerformancePredictor(random_state=0).fit(X[:100], y[:100])
+    again = PerformancePredictor.spec(random_state=0).fit(X[:100], y[:100])
     np.testing.assert_array_equal(clf.predict_proba(X), again.predict_proba(X))
+    # the default, a logistic regression with an L2 penalty: scikit-learn's coefficients
+    from sklearn.linear_model import LogisticRegression
+
+    from dtg_gpu.predictor import quantile_normal, training_quantiles
+
+    lin = PerformancePredictor(random_state=0).fit(X[:100], y[:100])
+    q = training_quantiles(X[:100])
+    ref = LogisticRegression(C=1 / (0.1 * 100)).fit(quantile_normal(X[:100], q), y[:100])
+    np.testing.assert_allclose(lin.network_[0].weight.detach().numpy()[0], ref.coef_[0], atol=0.08)
     sgd = PerformancePredictor(optimizer="sgd", learning_rate=0.05, hidden_sizes=(16, 8), random_state=1)
     assert sgd.fit(X[:100], y[:100]).score(X[100:], y[100:]) >= 0.8
 

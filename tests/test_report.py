@@ -38,7 +38,7 @@ def test_verdicts_are_out_of_fold(sweep):
     assert v["label"].tolist() == y.tolist()
     assert v["threshold"] == pytest.approx(float(np.median(sf.accuracies)))
     for j, k in enumerate([2, 4]):  # each run predicted by a model fitted without it
-        X = feature_sets(sf, k, ["dtg"])["dtg"]
+        X = feature_sets(sf, k, ["default"])["default"]
         expected = np.empty(len(y))
         for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(X, y):
             expected[test] = PerformancePredictor(random_state=0).fit(X[train], y[train]).predict_proba(X[test])[:, 1]

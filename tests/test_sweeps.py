@@ -50,7 +50,7 @@ def test_tiny_sweep_writes_the_on_disk_format(tmp_path):
     assert not list(out.rglob("*.tmp"))
     runs = load_sweep(out)
     assert len(runs) == 4 and all(len(r) == 4 for r in runs)
-    X = dtg_gpu.featurize(runs, timesteps=4, device="cpu")
+    X = dtg_gpu.featurize(runs, timesteps=4, device="cpu", features="spec")
     assert X.shape == (4, 20) and torch.isfinite(X).all()
     # the same config again skips everything; a different one is refused
     before = (out / "run-0000" / "ckpt-0001.safetensors").stat().st_mtime_ns

@@ -89,4 +89,4 @@ def test_watch_errors_are_clear(tmp_path, capsys):
     assert main(["watch", str(tmp_path / "nope"), "--once"]) == 1
     assert "sweep folder not found" in capsys.readouterr().err
     assert main(["watch", str(tmp_path), "--once", "--interval", "0"]) == 1
-    assert "--interval must be positive" in capsys.readouterr().err
+    assert "--interval must be a number of seconds in (0, 604800]" in capsys.readouterr().err

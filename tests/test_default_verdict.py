@@ -1,0 +1,113 @@
+"""The default verdict (issue #33): featurize's default recipe, the default classifier, and
+the seed's method one argument away."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import dtg_gpu
+from dtg_gpu.baselines import weight_statistics
+from dtg_gpu.features import FEATURE_RECIPES, FeatureRecipe, feature_recipe, temporal_features
+from dtg_gpu.predictor import PerformancePredictor
+from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
+
+CFG = SweepConfig(
+    model="resnet20",
+    lrs=(0.1, 0.03, 1e-5),
+    dropouts=(0.0,),
+    seeds=2,
+    epochs=3,
+    checkpoint_every=1,
+    model_kwargs={"width": 4},
+)
+
+
+@pytest.fixture(scope="module")
+def bn_runs(tmp_path_factory):
+    return load_sweep(run_sweep(CFG, tmp_path_factory.mktemp("bn") / "s", progress=False, device="cpu"))
+
+
+def test_the_default_recipe_is_folded_per_layer_eigenvalue_and_weight_statistics(bn_runs):
+    k = 3
+    X = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu")
+    dtg = dtg_gpu.featurize(
+        bn_runs, timesteps=k, device="cpu", features="spec", per_layer=True, eigenvalue=True, fold_batchnorm=True
+    )
+    ws = torch.as_tensor(weight_statistics(list(bn_runs), k), dtype=X.dtype)
+    torch.testing.assert_close(X, torch.cat([dtg, ws], 1))
+    assert FEATURE_RECIPES["default"] == FeatureRecipe(True, True, True, True)
+    # the fold matters on a batch-norm net: the unfolded graph gives other numbers
+    unfolded = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", fold_batchnorm=False)
+    assert unfolded.shape == X.shape and not torch.allclose(unfolded, X)
+
+
+def test_the_seeds_method_is_one_argument_away_and_exact(bn_runs):
+    k = 3
+    X, stats = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", features="spec", return_stats=True)
+    assert X.shape == (len(bn_runs), 5 * k) and stats.shape == (len(bn_runs), k, 5)
+    torch.testing.assert_close(X, temporal_features(stats, 0.5))
+    for i, run in enumerate(bn_runs):  # the five statistics of analyze, checkpoint by checkpoint
+        torch.testing.assert_close(stats[i], dtg_gpu.analyze(run, device="cpu").stats[:k], rtol=1e-4, atol=1e-6)
+
+
+def test_recipes_and_overrides_are_validated():
+    assert feature_recipe("default", weight_stats=False).weight_stats is False
+    assert feature_recipe("spec", eigenvalue=True) == FeatureRecipe(False, True, False, False)
+    with pytest.raises(ValueError, match="features must be one of 'default', 'spec', got 'best'"):
+        feature_recipe("best")
+    with pytest.raises(ValueError, match="per_layer must be True, False or None"):
+        feature_recipe("spec", per_layer=1)
+
+
+def test_the_default_classifier_is_a_regularised_linear_model_and_spec_the_seeds_mlp():
+    d, s = PerformancePredictor(), PerformancePredictor.spec(random_state=3)
+    assert (d.hidden_sizes, d.scaling, d.weight_decay) == ((), "quantile", 0.1)
+    assert (s.hidden_sizes, s.scaling, s.weight_decay, s.random_state) == ((32,), "standard", 1e-4, 3)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 20))
+    y = (X[:, 0] + 0.5 * X[:, 1] > 0).astype(int)
+    clf = PerformancePredictor(random_state=0).fit(X[:100], y[:100])
+    assert len(clf.network_) == 1 and isinstance(clf.network_[0], torch.nn.Linear)  # no hidden layer
+    # a logistic regression: it agrees with scikit-learn's on the same scaled features, with
+    # the same L2 penalty (Adam's weight_decay w adds w·θ to the gradient of the mean loss)
+    from sklearn.linear_model import LogisticRegression
+
+    from dtg_gpu.predictor import quantile_normal, training_quantiles
+
+    q = training_quantiles(X[:100])
+    ref = LogisticRegression(C=1 / (0.1 * 100)).fit(quantile_normal(X[:100], q), y[:100])
+    ours = clf.predict(X[100:])
+    assert (ours == ref.predict(quantile_normal(X[100:], q))).mean() >= 0.95 and (ours == y[100:]).mean() > 0.85
+
+
+def test_a_default_predictor_file_reads_new_runs_with_its_own_recipe(bn_runs, tmp_path):
+    from dtg_gpu.cli.main import main
+
+    sweep = bn_runs.path
+    pred = tmp_path / "p.safetensors"
+    assert main(["train", str(sweep), "-k", "2", "--out", str(pred), "--threshold", "median"]) == 0
+    clf = PerformancePredictor.load(pred)
+    fs = clf.feature_settings
+    assert fs["features"] == "default" and fs["weight_stats"] and fs["fold_batchnorm"] and fs["per_layer"]
+    X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu").double().numpy()
+    np.testing.assert_allclose(clf.predict_runs(bn_runs, device="cpu"), clf.predict_proba(X), rtol=1e-5)
+    spec = tmp_path / "s.safetensors"
+    assert main(["train", str(sweep), "-k", "2", "--out", str(spec), "--spec"]) == 0
+    clf = PerformancePredictor.load(spec)
+    assert clf.feature_settings["features"] == "spec" and clf.hidden_sizes == (32,) and clf.n_features_in_ == 10
+
+
+def test_cli_featurize_names_every_column(bn_runs, tmp_path):
+    import pandas as pd
+
+    from dtg_gpu.cli.main import main
+
+    assert main(["featurize", str(bn_runs.path), "-k", "2", "--out", str(tmp_path / "d.csv")]) == 0
+    assert main(["featurize", str(bn_runs.path), "-k", "2", "--out", str(tmp_path / "s.csv"), "--spec"]) == 0
+    d, s = pd.read_csv(tmp_path / "d.csv"), pd.read_csv(tmp_path / "s.csv")
+    assert list(s.columns[2:7]) == ["mean_t1", "std_t1", "median_t1", "skewness_t1", "kurtosis_t1"] and s.shape[1] == 12
+    assert d.columns[-1] == "ws_fc_max" and any(c.startswith("ws_conv1_") for c in d.columns)
+    X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu").double().numpy()
+    np.testing.assert_allclose(d.iloc[:, 2:].to_numpy(), X, rtol=1e-6)
