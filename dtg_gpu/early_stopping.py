@@ -68,10 +68,14 @@ def _statistics_blocks(stats: torch.Tensor, layout: StatisticsLayout) -> list[di
 
 
 def _records_from_stats(
-    blocks: list[dict], weight_stats: Sequence[Sequence[float]], folded: list[dict] | None = None
+    blocks: list[dict], weight_stats: Sequence[Sequence[float] | None], folded: list[dict] | None = None
 ) -> list[dict]:
     return [
-        {**b, "weight_stats": _floats(weight_stats[t]), **({"folded": folded[t]} if folded is not None else {})}
+        {
+            **b,
+            "weight_stats": None if weight_stats[t] is None else _floats(weight_stats[t]),
+            **({"folded": folded[t]} if folded is not None else {}),
+        }
         for t, b in enumerate(blocks)
     ]
 
@@ -124,6 +128,80 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
         ws.append([v for p in params for v in tensor_statistics(w[p])])
     arch = architecture_key(architecture_signature(part.topology))
     return [{**r, "architecture": arch} for r in _records_from_stats(solve(False), ws, solve(True) if folds else None)]
+
+
+def many_run_records(
+    runs: Sequence, starts: Sequence[int], device=None, weight_stats: bool = True
+) -> list[list[dict] | str]:
+    """:func:`run_records` of many runs at once: runs of one architecture with the same
+    number of new checkpoints are solved as one batch (as :func:`~dtg_gpu.featurize`
+    batches a sweep), instead of one solve per run. Each entry is the run's records, or the
+    reason (a string) why they could not be made. ``weight_stats=False``: the records' weight
+    statistics are ``None`` (half the time of a pass goes to their quantiles; a rule that
+    does not read them, :attr:`StoppingRule.needs_weight_stats`, skips them).
+    """
+    from ._engine import READ_ERRORS
+    from .analysis import featurize_with_failures
+    from .baselines import tensor_statistics
+    from .checkpoints import Run
+    from .predictor import architecture_signature
+
+    out: list[list[dict] | str] = [[] for _ in runs]
+    groups: dict[tuple, list[int]] = {}
+    parts = []
+    for i, (run, start) in enumerate(zip(runs, starts)):
+        part = Run(
+            model=run.model,
+            checkpoints=list(run.checkpoints)[start:],
+            name=run.name,
+            meta=run.meta,
+            prefix=run.prefix,
+            fallback=getattr(run, "fallback", False),
+        )
+        parts.append(part)
+        if len(part) == 0:
+            continue
+        try:
+            groups.setdefault((id(part.topology), len(part)), []).append(i)
+        except READ_ERRORS as exc:
+            out[i] = f"{type(exc).__name__}: {exc}"
+    for (_, k), idx in groups.items():
+        batch = [parts[i] for i in idx]
+        topo = batch[0].topology
+        layout = StatisticsLayout.of(topo, per_layer=True, eigenvalue=True)
+        folds = any(layer.batchnorm for layer in topo.layers)
+        solved = {}
+        failures: dict[str, str] = {}
+        for fold in (False, True) if folds else (False,):
+            _, stats, why = featurize_with_failures(
+                batch,
+                timesteps=k,
+                eigenvalue=True,
+                per_layer=True,
+                device=device,
+                fold_batchnorm=fold,
+                features="spec",
+            )
+            solved[fold] = stats
+            failures.update(why)
+        arch = architecture_key(architecture_signature(topo))
+        for j, i in enumerate(idx):
+            part = parts[i]
+            if str(part.name) in failures:
+                out[i] = failures[str(part.name)]
+                continue
+            ws: list = []
+            try:
+                for t in range(k if weight_stats else 0):
+                    w = part.weights(t)
+                    ws.append([v for p in topo.params for v in tensor_statistics(w[p])])
+            except READ_ERRORS as exc:
+                out[i] = f"{type(exc).__name__}: {exc}"
+                continue
+            folded = _statistics_blocks(solved[True][j], layout) if folds else None
+            recs = _records_from_stats(_statistics_blocks(solved[False][j], layout), ws or [None] * k, folded)
+            out[i] = [{**r, "architecture": arch} for r in recs]
+    return out
 
 
 def architecture_key(signature: Sequence) -> str:
@@ -216,7 +294,10 @@ def feature_vector(
     stats = torch.from_numpy(np.stack(rows))
     out = [temporal_features(stats, check_alpha(alpha)).numpy()]
     if features.endswith("+weight_stats"):
-        out.append(_as_array(records[k - 1].get("weight_stats") or []))
+        ws = records[k - 1].get("weight_stats")
+        if ws is None:
+            raise ValueError("these checkpoint records were made without weight statistics (weight_stats=False)")
+        out.append(_as_array(ws))
     if values is not None:
         out.append(_as_array(list(values)[:k]))
     return np.concatenate(out)
@@ -364,6 +445,14 @@ class StoppingRule:
                     f"predictor was trained with covariates {list(fs['covariates'])} from run.json; "
                     "a stopping rule judges a run from its checkpoints alone: train it without covariates"
                 )
+
+    @property
+    def needs_weight_stats(self) -> bool:
+        """Whether the rule reads the records' weight statistics (its features, or a given
+        predictor's, include them)."""
+        if self.predictor is not None:
+            return bool((getattr(self.predictor, "feature_settings", None) or {}).get("weight_stats"))
+        return self.features.endswith("+weight_stats")
 
     # ------------------------------------------------------------------ labels
     def labels(self, finals: np.ndarray) -> tuple[np.ndarray, float]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .early_stopping import StoppingRule, is_diverged, run_records
+from .early_stopping import StoppingRule, is_diverged, many_run_records, run_records
 
 __all__ = ["Verdict", "SweepWatcher"]
 
@@ -187,6 +187,7 @@ class SweepWatcher:
         out: dict[str, Verdict] = {}
         errors: dict[str, str] = {}
         folders = self.run_folders()
+        pending: list[tuple[str, Any, bool, _Seen, list]] = []
         for folder in folders:
             name = folder.name
             try:
@@ -198,15 +199,31 @@ class SweepWatcher:
                 files = [self._identity(c) for c in run.checkpoints]
                 if files[: len(seen.files)] != seen.files:  # rewritten or restarted: start over
                     seen.files, seen.records, seen.history = [], [], []
-                if len(files) > len(seen.files):
-                    error = self._read_new(run, seen, files)
-                    if error is not None:
-                        if finished:
-                            raise _Unreadable(error)
-                        errors[name] = error
                 runs[name] = (run, finished, seen)
-            except (*READ_ERRORS, _Unreadable) as exc:
+                if len(files) > len(seen.files):
+                    pending.append((name, run, finished, seen, files))
+            except READ_ERRORS as exc:
                 out[name] = Verdict(name, 0, None, "failed", error=str(exc))
+        # the new checkpoints of every run at once (one batch per architecture and count);
+        # a run whose batch failed is read one checkpoint at a time, to keep what is readable
+        made = many_run_records(
+            [p[1] for p in pending],
+            [len(p[3].files) for p in pending],
+            device=self.device,
+            weight_stats=self.rule.needs_weight_stats,
+        )
+        for (name, run, finished, seen, files), recs in zip(pending, made):
+            if isinstance(recs, list):
+                seen.records += recs
+                seen.files = files
+                continue
+            error = self._read_new(run, seen, files)
+            if error is not None:
+                if finished:
+                    runs.pop(name)
+                    out[name] = Verdict(name, 0, None, "failed", error=error)
+                else:
+                    errors[name] = error
         finished = [
             (n, s.records, None, r.final_accuracy)
             for n, (r, f, s) in runs.items()
@@ -258,7 +275,3 @@ def check_interval(interval: Any, what: str = "interval") -> float:
     if not (ok and 0 < interval <= MAX_INTERVAL_S):
         raise ValueError(f"{what} must be a number of seconds in (0, {MAX_INTERVAL_S}] (7 days), got {interval!r}")
     return float(interval)
-
-
-class _Unreadable(Exception):
-    """A finished run's checkpoint that cannot be read (the run is failed)."""

@@ -7,6 +7,7 @@ import json
 import os
 import warnings
 
+import numpy as np
 import pytest
 
 import dtg_gpu
@@ -476,3 +477,30 @@ def test_a_meta_tensor_in_a_checkpoint_is_a_checkpoint_error(tmp_path):
     state = {k: torch.empty(v.shape, device="meta") for k, v in net.state_dict().items()}
     with pytest.raises(dtg_gpu.CheckpointError, match="is a meta tensor"):
         dtg_gpu.analyze(dtg_gpu.Run(model=net, checkpoints=[state]), device="cpu")
+
+
+def test_watch_solves_every_runs_new_checkpoints_in_batches(small_sweep, tmp_path, monkeypatch):
+    from dtg_gpu import analysis
+    from dtg_gpu.early_stopping import StoppingRule, run_records
+    from dtg_gpu.watch import SweepWatcher
+
+    live = _live(small_sweep, tmp_path)
+    calls = []
+    real = analysis.featurize_with_failures
+
+    def counted(runs, **kw):
+        calls.append(len(runs))
+        return real(runs, **kw)
+
+    monkeypatch.setattr(analysis, "featurize_with_failures", counted)
+    w = SweepWatcher(live)
+    w.poll()
+    assert calls == [2]  # both runs (2 checkpoints each) in one solve, not one solve per run
+    rec = w._seen["run-0000"].records
+    ref = run_records(load_sweep(small_sweep)[0])
+    np.testing.assert_allclose([r["dtg"] for r in rec], [r["dtg"] for r in ref], rtol=1e-5)
+    # weight statistics only where the rule reads them (they are half a pass's time)
+    assert rec[0]["weight_stats"] is None
+    w2 = SweepWatcher(live, rule=StoppingRule(features="dtg+weight_stats"))
+    w2.poll()
+    assert w2._seen["run-0000"].records[0]["weight_stats"] == pytest.approx(ref[0]["weight_stats"])
