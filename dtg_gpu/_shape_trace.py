@@ -414,10 +414,9 @@ class _IdInterpreter(torch.fx.Interpreter):
             if isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
                 return self._encoder(n, mod, result)
             if any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
-                raise TopologyError(
-                    f"module {target!r} ({type(mod).__name__}) has parameters but is neither "
-                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown"
-                )
+                from .topology import unknown_module_message
+
+                raise TopologyError(unknown_module_message(str(target), mod))
             if isinstance(mod, (nn.Flatten, nn.Unflatten, nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle)):
                 return mod(self._with_ids(n.args[0]))
             return self._generic(n, result)

@@ -49,7 +49,16 @@ Checkpoint = Union[Mapping[str, torch.Tensor], str, os.PathLike]
 
 MAX_MANIFEST_BYTES = 64 << 20  # run.json / sweep.json larger than this are refused unread
 SMALL_SAFETENSORS = 1 << 20  # bytes: safetensors files up to this size are read whole, not mapped
-STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
+#: Files that repeat another checkpoint of the series under a fixed name (timm, Lightning, own
+#: scripts): left out when numbered checkpoints are there.
+ALIAS_NAMES = ("last.pth.tar", "model_best.pth.tar", "last.pt", "last.pth", "best.pt", "best.pth", "model_best.pth")
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """A checkpoint file by its name: :data:`CHECKPOINT_SUFFIXES`, or timm's ``.pth.tar``."""
+    low = name.lower()
+    return low.endswith(CHECKPOINT_SUFFIXES) or low.endswith(".pth.tar")
 
 
 def _harmless_globals() -> list:
@@ -100,9 +109,26 @@ def _read_pickled_state(path: Path) -> Any:
             ) from None
         raise CheckpointError(f"{path}: not a torch checkpoint (corrupt, or another format)") from None
     except Exception as exc:  # torch.load on a malformed file raises anything (struct.error, AssertionError, ...)
+        if _is_torchscript(path):
+            raise CheckpointError(
+                f"{path}: a TorchScript archive (torch.jit.save): its weights sit inside a compiled program; "
+                "load it with torch.jit.load and save model.state_dict() (or pass the state dict itself)"
+            ) from None
         raise CheckpointError(
             f"{path}: not a readable torch checkpoint (truncated or corrupt?): {_first_line(exc) or type(exc).__name__}"
         ) from None
+
+
+def _is_torchscript(path: Path) -> bool:
+    """A ``torch.jit.save`` zip: it holds ``constants.pkl`` and compiled ``code/``."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+        return any(n.endswith("/constants.pkl") for n in names) and any("/code/" in n for n in names)
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 _CODE_OPS = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
@@ -149,12 +175,25 @@ def _is_state(obj: Any) -> bool:
 
 def _tensors_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     """The state dict inside a loaded checkpoint: the top level, or under one of
-    :data:`STATE_DICT_KEYS` (``{"model": sd, "optimizer": ..., "epoch": 3}``)."""
+    :data:`STATE_DICT_KEYS` (``{"model": sd, "optimizer": ..., "epoch": 3}``; DeepSpeed's
+    ``module``). Other top-level mappings of tensors (an EMA copy: timm's ``state_dict_ema``,
+    ``model_ema``) are there too, their keys prefixed with the mapping's name: ``prefix=
+    "state_dict_ema."`` (``--prefix``) analyses them."""
     if isinstance(obj, Mapping):
         for key in STATE_DICT_KEYS:
             inner = obj.get(key)
             if isinstance(inner, Mapping) and any(isinstance(v, torch.Tensor) for v in inner.values()):
-                return {k: v for k, v in inner.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+                out = {k: v for k, v in inner.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+                for other, sub in obj.items():
+                    if other != key and isinstance(other, str) and isinstance(sub, Mapping):
+                        out.update(
+                            {
+                                f"{other}.{k}": v
+                                for k, v in sub.items()
+                                if isinstance(k, str) and isinstance(v, torch.Tensor)
+                            }
+                        )
+                return out
         tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
         if tensors:
             return tensors
@@ -256,7 +295,7 @@ def load_state_dict(
             raise CheckpointError(
                 f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(exc)}"
             ) from None
-    if suffix not in CHECKPOINT_SUFFIXES:
+    if suffix not in CHECKPOINT_SUFFIXES and not is_checkpoint_name(path.name):
         raise CheckpointError(
             f"{path}: unknown checkpoint format {suffix!r} (expected one of {', '.join(CHECKPOINT_SUFFIXES)})"
         )
@@ -445,7 +484,17 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+HF_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "mp_rank_00_model_states.pt",  # DeepSpeed's global_stepN/ (weights under "module")
+)
+#: Checkpoint folders, numbered: Hugging Face's ``checkpoint-N``, accelerate's ``checkpoint_N``,
+#: DeepSpeed's ``global_stepN``.
+CHECKPOINT_DIR = re.compile(r"(?:checkpoint[-_]|global_step)(\d+)")
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 def _hf_weights(folder: Path) -> Path | None:
@@ -510,6 +559,28 @@ def _one_series(path: Path, files: list[Path]) -> list[Path]:
     )
 
 
+def _lightning_nested(path: Path) -> Path | None:
+    """Where a Lightning run's checkpoints are when ``path`` is its ``version_N/`` (inside
+    ``checkpoints/``) or a ``lightning_logs/`` with one version; several versions are an
+    error that lists them."""
+    inner = path / "checkpoints"
+    if inner.is_dir():
+        return inner
+    versions = sorted(
+        (d for d in path.iterdir() if d.is_dir() and re.fullmatch(r"version_\d+", d.name)),
+        key=lambda d: _natural_key(d.name),
+    )
+    versions = [d for d in versions if (d / "checkpoints").is_dir()]
+    if len(versions) == 1:
+        return versions[0] / "checkpoints"
+    if len(versions) > 1:
+        raise CheckpointError(
+            f"{path}: {len(versions)} Lightning runs ({', '.join(d.name for d in versions[:5])}); "
+            "pass one version_N folder (each is a run)"
+        )
+    return None
+
+
 def _scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
     """Checkpoints of a folder without ``run.json``, in time order, never lexicographic:
 
@@ -526,15 +597,20 @@ def _scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
     error lists them. ``pattern`` (a glob such as ``"ema_*.pt"``) chooses the files.
     """
 
-    subdirs = [d for d in path.iterdir() if d.is_dir() and re.fullmatch(r"checkpoint-\d+", d.name)]
-    hf = [(int(d.name.split("-")[1]), d) for d in subdirs if _hf_weights(d) is not None]
+    subdirs = [d for d in path.iterdir() if d.is_dir() and CHECKPOINT_DIR.fullmatch(d.name)]
+    hf = [(int(CHECKPOINT_DIR.fullmatch(d.name).group(1)), d) for d in subdirs if _hf_weights(d) is not None]  # type: ignore[union-attr]
     if hf:
         return [d for _, d in sorted(hf)]
-    files = [
-        f
-        for f in path.iterdir()
-        if f.suffix.lower() in CHECKPOINT_SUFFIXES and f.is_file() and not f.name.startswith(".")
-    ]
+    if any((d / f).is_file() for d in [path, *subdirs] for f in PEFT_FILES):
+        raise CheckpointError(
+            f"{path}: a PEFT adapter (adapter_config.json / adapter_model.*): it holds only the adapter's "
+            "weights, not the network's; merge it (peft's merge_and_unload()) and save the model's state_dict"
+        )
+    files = [f for f in path.iterdir() if is_checkpoint_name(f.name) and f.is_file() and not f.name.startswith(".")]
+    if not files:  # Lightning: a version_N/ (checkpoints/ inside) or lightning_logs/ given one level up
+        nested = _lightning_nested(path)
+        if nested is not None:
+            return _scan_checkpoints(nested, pattern)
     if pattern is not None:
         files = [f for f in files if fnmatch.fnmatchcase(f.name, pattern)]
         if not files:
@@ -547,6 +623,8 @@ def _scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
         return [f for _, f in sorted(keyed.items())]
     ckpt = [f for f in files if f.name.startswith("ckpt-")]
     files = ckpt or files
+    if any(re.search(r"\d", f.stem) for f in files):  # last.pth.tar, model_best.pth.tar: repeats
+        files = [f for f in files if f.name.lower() not in ALIAS_NAMES]
     if pattern is None:
         files = _one_series(path, files)
     unnumbered = [f.name for f in files if not re.search(r"\d", f.stem)]
@@ -815,7 +893,10 @@ class Run:
                     f"{path}: checkpoint files listed in run.json are missing: " + ", ".join(missing[:5])
                 )
         else:
-            files = [confined_path(path, f.name, what=f"{path}: checkpoint") for f in _scan_checkpoints(path, pattern)]
+            files = [
+                confined_path(path, f.relative_to(path).as_posix(), what=f"{path}: checkpoint")
+                for f in _scan_checkpoints(path, pattern)
+            ]
         if not files:
             raise CheckpointError(f"{path}: the run has no checkpoint files")
         _check_against(model, files[0], prefix)

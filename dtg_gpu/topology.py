@@ -1235,10 +1235,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
                     _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (args[0] if args else None)
                 )
             elif any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
-                raise TopologyError(
-                    f"module {node.target!r} ({type(mod).__name__}) has parameters but is neither "
-                    "a Conv1d/2d/3d nor a Linear layer; its channel mapping is unknown"
-                )
+                raise TopologyError(unknown_module_message(str(node.target), mod))
             else:
                 vals[node] = args[0] if args else None
             continue
@@ -1311,6 +1308,27 @@ def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: nn.Module, la
         names.append(f"{node.target}.weight")
         shapes.append(tuple(mod.weight.shape))
     layer["batchnorm"] = (str(node.target), float(mod.eps), tuple(names), tuple(shapes))
+
+
+def unknown_module_message(name: str, mod: nn.Module) -> str:
+    """Why a module with weights of its own is refused (docs/concepts.md, "Layers that are not
+    in the graph"): embeddings and recurrent layers by what they are, others in general."""
+    kind = type(mod).__name__
+    if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
+        return (
+            f"module {name!r} ({kind}) maps token ids, not channels, to its output: a lookup table has no "
+            "input channels to join, so dtg_gpu does not put it in the channel graph and refuses the model "
+            "rather than guess; analyse the part after it (a model whose forward starts from the embeddings)"
+        )
+    if isinstance(mod, (nn.RNNBase, nn.RNNCellBase)):
+        return (
+            f"module {name!r} ({kind}) maps input channels and its own hidden state to gates through "
+            "time: dtg_gpu has no channel map for recurrent layers and refuses the model rather than guess"
+        )
+    return (
+        f"module {name!r} ({kind}) has parameters but is neither a Conv1d/2d/3d nor a Linear layer; "
+        "its channel mapping is unknown"
+    )
 
 
 def _describe(node: torch.fx.Node) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.utils import parametrizations, prune, spectral_norm, weight_norm
 
 import dtg_gpu
-from dtg_gpu import CheckpointError
+from dtg_gpu import CheckpointError, TopologyError
 from dtg_gpu.topology import channel_topology
 
 
@@ -261,3 +261,99 @@ def test_featurize_keeps_a_nan_row_for_a_run_it_could_not_load(tmp_path, capsys)
     assert sorted(df["run"]) == ["run-0000", "run-0001", "run-0002"]
     bad = df[df["run"] == "run-0001"].iloc[0]
     assert bad.drop("run").isna().all() and df[df["run"] != "run-0001"].drop(columns="run").notna().all().all()
+
+
+# ------------------------------------------------------------------ layouts people have
+def _net():
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _states(n=3):
+    net = _net()
+    return [{k: v + t for k, v in net.state_dict().items()} for t in range(1, n + 1)]
+
+
+def test_timm_checkpoints_with_last_and_best_left_out_and_the_ema_selectable(tmp_path):
+    states = _states()
+    for t, sd in enumerate(states):
+        ema = {k: v * 0.5 for k, v in sd.items()}
+        torch.save(
+            {"epoch": t, "arch": "mlp", "state_dict": sd, "state_dict_ema": ema}, tmp_path / f"checkpoint-{t}.pth.tar"
+        )
+    torch.save({"state_dict": states[-1]}, tmp_path / "last.pth.tar")
+    torch.save({"state_dict": states[0]}, tmp_path / "model_best.pth.tar")
+    run = dtg_gpu.Run.from_dir(tmp_path, model=_net())
+    assert [p.name for p in run.checkpoints] == [f"checkpoint-{t}.pth.tar" for t in range(3)]
+    torch.testing.assert_close(run.weights(1)["0.weight"], states[1]["0.weight"])
+    ema = dtg_gpu.Run.from_dir(tmp_path, model=_net(), prefix="state_dict_ema.")
+    torch.testing.assert_close(ema.weights(1)["0.weight"], states[1]["0.weight"] * 0.5)
+
+
+def test_accelerate_and_deepspeed_folders_are_runs(tmp_path):
+    from safetensors.torch import save_file
+
+    states = _states()
+    acc, ds = tmp_path / "acc", tmp_path / "ds"
+    for t, sd in enumerate(states, start=1):
+        (acc / f"checkpoint_{t * 10}").mkdir(parents=True)
+        save_file(sd, str(acc / f"checkpoint_{t * 10}" / "model.safetensors"))
+        (ds / f"global_step{t * 100}").mkdir(parents=True)
+        torch.save({"module": sd, "ds_version": "0.14"}, ds / f"global_step{t * 100}" / "mp_rank_00_model_states.pt")
+    for folder in (acc, ds):
+        run = dtg_gpu.Run.from_dir(folder, model=_net())
+        assert len(run) == 3
+        torch.testing.assert_close(run.weights(2)["2.weight"], states[2]["2.weight"])
+
+
+def test_lightning_folders_given_one_level_up(tmp_path):
+    states = _states()
+    logs = tmp_path / "lightning_logs"
+    (logs / "version_0" / "checkpoints").mkdir(parents=True)
+    for t, sd in enumerate(states):
+        torch.save(
+            {"state_dict": sd, "epoch": t, "global_step": 10 * t},
+            logs / "version_0" / "checkpoints" / f"epoch={t}-step={10 * t}.ckpt",
+        )
+    for folder in (logs, logs / "version_0"):
+        run = dtg_gpu.Run.from_dir(folder, model=_net())
+        assert [p.name for p in run.checkpoints] == [f"epoch={t}-step={10 * t}.ckpt" for t in range(3)]
+    (logs / "version_1" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"2 Lightning runs \(version_0, version_1\); pass one version_N folder"):
+        dtg_gpu.Run.from_dir(logs, model=_net())
+
+
+def test_peft_adapters_and_torchscript_archives_get_a_message_of_their_own(tmp_path):
+    peft = tmp_path / "adapter"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text("{}")
+    torch.save({"base_model.model.lora_A.weight": torch.zeros(2, 3)}, peft / "adapter_model.bin")
+    with pytest.raises(CheckpointError, match="a PEFT adapter .* merge it"):
+        dtg_gpu.Run.from_dir(peft, model=_net())
+    scripted = tmp_path / "script"
+    scripted.mkdir()
+    torch.jit.save(torch.jit.script(_net()), scripted / "model-1.pt")
+    with pytest.raises(CheckpointError, match="a TorchScript archive .* torch.jit.load"):
+        dtg_gpu.analyze(dtg_gpu.Run.from_dir(scripted, model=_net()), device="cpu")
+
+
+@pytest.mark.parametrize(
+    "layer, msg",
+    [
+        (lambda: nn.Embedding(10, 4), "maps token ids, not channels"),
+        (lambda: nn.LSTM(4, 5, batch_first=True), "recurrent layers"),
+        (lambda: nn.GRU(4, 5, batch_first=True), "recurrent layers"),
+    ],
+)
+def test_embeddings_and_recurrent_layers_are_refused_saying_why(layer, msg):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.fc = layer(), nn.Linear(4 if "token" in msg else 5, 2)
+
+        def forward(self, x):
+            h = self.first(x)
+            h = h[0] if isinstance(h, tuple) else h
+            return self.fc(h[:, -1])
+
+    with pytest.raises(TopologyError, match=msg):
+        channel_topology(Net())
