@@ -1,8 +1,10 @@
+import argparse
 import json
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import dtg_gpu
 from dtg_gpu import channel_topology
@@ -229,3 +231,36 @@ def test_readme_api_example_runs_as_written(capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "torch.Size([5, 237]) True" in out
+
+
+def test_every_option_says_what_it_does_and_the_root_help_shows_the_workflow(capsys):
+    from dtg_gpu.cli.main import SUBCOMMANDS, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {opt.option_strings[0]}"
+        for name in SUBCOMMANDS
+        for opt in sub.choices[name]._actions
+        if opt.option_strings and opt.help in (None, "") and opt.dest != "help"
+    ]
+    assert missing == []
+    assert "the usual workflow" in parser.format_help() and "dtg watch" in parser.format_help()
+
+
+def test_user_model_imports_from_the_working_folder(tmp_path, monkeypatch, capsys):
+    import sys
+
+    (tmp_path / "mynet_for_cli.py").write_text(
+        "from torch import nn\nclass Net(nn.Sequential):\n    def __init__(self):\n"
+        "        super().__init__(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))\n"
+    )
+    folder = tmp_path / "run"
+    folder.mkdir()
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    for t in (1, 2):
+        torch.save(net.state_dict(), folder / f"ckpt-{t}.pt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert main(["analyze", str(folder), "--model", "mynet_for_cli:Net", "--json"]) == 0
+    assert '"num_nodes": 9' in capsys.readouterr().out

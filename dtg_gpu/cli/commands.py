@@ -341,6 +341,11 @@ def _build_user_model(a):
         raise ValueError(f"--model-kwargs is not JSON: {exc}") from None
     if not isinstance(kwargs, dict):
         raise ValueError("--model-kwargs must be a JSON object")
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` would: the working folder first
+        sys.path.insert(0, os.getcwd())
     try:
         cls = importlib.import_module(mod_name)
         for part in attr.split("."):
@@ -361,10 +366,17 @@ def _analyze_args(p):
     )
     _user_model(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--tol", type=float, default=1e-6)
-    p.add_argument("--method", choices=["auto", "lanczos", "networkx"], default="auto")
+    p.add_argument("--alpha", type=float, default=0.5, help="temporal reinforcement in (0, 1] (default 0.5)")
+    p.add_argument(
+        "--dtype", choices=["float32", "float64"], default="float32", help="solver precision (default float32)"
+    )
+    p.add_argument("--tol", type=float, default=1e-6, help="convergence tolerance of the centrality (default 1e-6)")
+    p.add_argument(
+        "--method",
+        choices=["auto", "lanczos", "networkx"],
+        default="auto",
+        help="eigen-solver: auto (Lanczos), lanczos, or networkx's (A + I) power iteration (default auto)",
+    )
     p.add_argument(
         "--registration-order",
         action="store_true",
@@ -462,8 +474,10 @@ def _train_args(p):
     _user_model(p)
     p.add_argument("--out", required=True, help="predictor file (.safetensors)")
     p.add_argument("--threshold", default="median", help="accuracy threshold, 'median' or 'qX'")
-    p.add_argument("--epochs", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=None, help="training epochs of the classifier (default 300)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the classifier's initialisation and batches (default 0)"
+    )
     _features(p)
     _eigenvalue_flag(p)
     _scaling(p)
@@ -626,8 +640,10 @@ predict = _command("predict", "predict whether runs end sufficient", _predict_ar
 def _evaluate_args(p):
     p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
     _user_model(p)
-    p.add_argument("--threshold", default="median")
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument(
+        "--threshold", default="median", help="sufficient accuracy: a number, 'median' or 'qX' (default median)"
+    )
+    p.add_argument("--repeats", type=int, default=20, help="stratified 90/10 splits to score on (default 20)")
     p.add_argument(
         "--features",
         nargs="+",
@@ -636,7 +652,7 @@ def _evaluate_args(p):
         "spectral, dtg+weight_stats, dtg+eigenvalue, dtg_per_layer, dtg_per_layer+eigenvalue, "
         "learning_curve, covariates (the hyper-parameters alone); default: default dtg",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON instead of a table")
     p.add_argument(
         "--report",
         default=None,
@@ -775,8 +791,10 @@ env = _command("env", "versions, device and CUDA, for bug reports", _env_args, _
 # ------------------------------------------------------------------------------- demo
 def _demo_args(p):
     p.add_argument("--quick", action="store_true", help="a one-minute version")
-    p.add_argument("--out", default="demo-out")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--out", default="demo-out", help="folder for the sweep, results.json and report/ (default demo-out)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device(p)
     _strict(p)
 

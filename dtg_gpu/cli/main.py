@@ -17,6 +17,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dtg",
         description="Predict from a run's checkpoints whether it ends with "
         "sufficient accuracy (dynamic temporal graphs).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="the usual workflow:\n"
+        "  dtg demo --quick                              # a one-minute tour: open demo-out/report/index.html\n"
+        "  dtg sweep --preset lenet5-digits --out SWEEP  # or your own runs' folders (--model pkg.module:Class)\n"
+        "  dtg evaluate SWEEP -k 5                       # how early the verdict holds on your sweep\n"
+        "  dtg train SWEEP -k 5 --out p.safetensors      # a predictor for the next sweep of this model\n"
+        "  dtg watch NEW_SWEEP --predictor p.safetensors # stop/continue while it trains (advice: you act)\n"
+        "every command has --help; --spec runs the seed's method exactly",
     )
     from .. import __version__
 
