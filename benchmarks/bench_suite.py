@@ -88,35 +88,18 @@ def candidates():
     return {
         "library default (featurize + PerformancePredictor)": (["layer_lam_folded+ws"], lambda: mlp()),
         "spec (seed: dtg, MLP)": (["spec"], lambda: PerformancePredictor.spec(random_state=0)),
-        "dtg per layer+lam, quantile MLP": (
-            ["layer_lam"],
-            lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
-        ),
-        "dtg per layer+lam folded, quantile MLP": (
+        "dtg per layer+lam folded, quantile MLP (options)": (
             ["layer_lam_folded"],
             lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
         ),
         "dtg per layer+lam folded, LR(q)": (["layer_lam_folded"], lambda: lr_q()),
         "weight stats, MLP": (["ws"], lambda: PerformancePredictor.spec(random_state=0)),
         "weight stats, LR(q)": (["ws"], lambda: lr_q()),
-        "concat folded+ws, LR(q)": (["layer_lam_folded+ws"], lambda: lr_q()),
         "avg LR(q): folded | ws": (["layer_lam_folded", "ws"], "avg"),
-        "avg LR(q): spec | folded | ws": (["spec", "layer_lam_folded", "ws"], "avg"),
-        "folded, linear PP(q, wd=0.1)": (
-            ["layer_lam_folded"],
-            lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.1),
+        "covariates (hyper-parameter oracle), MLP(q)": (
+            ["cov"],
+            lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
         ),
-        "concat folded+ws, linear PP(q, wd=0.1)": (
-            ["layer_lam_folded+ws"],
-            lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.1),
-        ),
-        "concat folded+ws, linear PP(q, wd=0.03)": (
-            ["layer_lam_folded+ws"],
-            lambda: mlp(hidden_sizes=(), scaling="quantile", weight_decay=0.03),
-        ),
-        "concat folded+ws, LR(q, C=0.03)": (["layer_lam_folded+ws"], lambda: lr_q(C=0.03)),
-        "concat folded+ws, LR(q, C=0.3)": (["layer_lam_folded+ws"], lambda: lr_q(C=0.3)),
-        "covariates (oracle), LR(q)": (["cov"], lambda: lr_q(C=1.0)),
         "learning curve, LR(q)": (["curve"], lambda: lr_q()),
     }
 
