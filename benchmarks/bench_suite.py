@@ -306,24 +306,32 @@ def main(argv=None) -> None:
     cands = candidates()
     if a.only:
         cands = {n: c for n, c in cands.items() if any(o in n for o in a.only)}
+    cache_file = root / f"scores-r{a.repeats}.json"  # (sweep, candidate) cells already scored
+    cached = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
     table: dict[str, dict[str, dict]] = {}
     for sweep, f in feats.items():
         table[sweep] = {}
         for cname, spec in cands.items():
             t = time.time()
-            table[sweep][cname] = score(f, cname, spec, a.repeats)
-            s = table[sweep][cname]
+            key = f"{sweep}|{cname}"
+            if key not in cached:
+                cached[key] = score(f, cname, spec, a.repeats)
+                cache_file.write_text(json.dumps(cached))
+            table[sweep][cname] = s = cached[key]
             print(
                 f"{sweep:26s} {cname:42s} {s['precision']['mean']:.3f} / {s['roc_auc']['mean']:.3f}  ({time.time() - t:.0f} s)",
                 flush=True,
             )
+    moved = transfer(feats) if len(feats) >= 2 else {}
+    chosen = leave_one_sweep_out(table)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M")
-    (out / "prediction_suite.json").write_text(
-        json.dumps({"date": stamp, "repeats": a.repeats, "table": table}, indent=1)
-    )
-    print(f"-> {out / 'prediction_suite.json'}")
+    doc = {"date": stamp, "repeats": a.repeats, "table": table, "transfer": moved, "leave_one_sweep_out": chosen}
+    (out / "prediction_suite.json").write_text(json.dumps(doc, indent=1))
+    command = " ".join(["python benchmarks/bench_suite.py", *(argv if argv is not None else sys.argv[1:])])
+    (out / "prediction_suite.md").write_text(markdown(doc, feats, command))
+    print(f"-> {out / 'prediction_suite.md'}")
 
 
 if __name__ == "__main__":
