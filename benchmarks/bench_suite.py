@@ -86,7 +86,7 @@ def candidates():
         return PerformancePredictor(random_state=0, **kw)
 
     return {
-        "library default (featurize + PerformancePredictor)": (["layer_lam_folded+ws"], lambda: mlp()),
+        "library default (featurize + PerformancePredictor)": (["layer_lam_folded", "ws"], "library"),
         "spec (seed: dtg, MLP)": (["spec"], lambda: PerformancePredictor.spec(random_state=0)),
         "dtg per layer+lam folded, quantile MLP (options)": (
             ["layer_lam_folded"],
@@ -160,9 +160,14 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     X = matrix(f, blocks)[keep]
     X = np.where(np.isfinite(X), X, np.nan)
     good = np.isfinite(X).all(1)  # diverged runs: insufficient by rule, as the predictor does
-    if make == "avg":
+    if make in ("avg", "library"):
         widths = tuple(matrix(f, [b]).shape[1] for b in blocks)
-        clf = Averaged(widths)
+        if make == "avg":
+            clf = Averaged(widths)
+        else:  # what featurize's default and PerformancePredictor() do: one head per feature set
+            from dtg_gpu.predictor import PerformancePredictor
+
+            clf = PerformancePredictor(random_state=0, blocks=widths)
     else:
         clf = make()
     X = np.where(good[:, None], X, 0.0) if not hasattr(clf, "scaling") else X

@@ -336,7 +336,9 @@ def featurize(
 
     Returns
     -------
-    Tensor ``[len(runs), F·k + W + len(covariates)]``: ``F`` statistics per timestep (5 with
+    Tensor ``[len(runs), F·k + W + len(covariates)]``, its ``column_blocks`` attribute the
+    widths of its feature sets (DTG, weight statistics, covariates; what
+    ``PerformancePredictor(blocks="auto")`` and :func:`~dtg_gpu.evaluate` read): ``F`` statistics per timestep (5 with
     ``"spec"``; ``5 + 5·L + 1`` per layer with λ), ``W`` weight statistics (7 per weight layer,
     0 without), the covariates (and the statistics with ``return_stats``). A run with
     non-finite weights in its first ``k`` checkpoints has NaN features from that timestep
@@ -528,12 +530,18 @@ def featurize_with_failures(
     if failed_rows:
         stats[failed_rows] = float("nan")
     feats = temporal_features(stats, alpha)
+    block_widths = [feats.shape[1]]
     if recipe.weight_stats:
-        feats = torch.cat([feats, _weight_stats(runs, k, failures, failed_rows, strict).to(feats.dtype)], 1)
+        ws = _weight_stats(runs, k, failures, failed_rows, strict).to(feats.dtype)
+        block_widths.append(ws.shape[1])
+        feats = torch.cat([feats, ws], 1)
         feats[failed_rows] = float("nan")
     if covariates:
         cov[failed_rows] = float("nan")
+        block_widths.append(cov.shape[1])
         feats = torch.cat([feats, cov.to(feats.dtype)], 1)
+    # the feature sets, in order: PerformancePredictor(blocks="auto") gives each a model of its own
+    feats.column_blocks = tuple(w for w in block_widths if w)  # type: ignore[attr-defined]
     return feats, stats, failures
 
 

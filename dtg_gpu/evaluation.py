@@ -91,8 +91,11 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     ValueError
         Fewer than 2 runs of a class, or ``repeats < 1``.
     """
+    blocks = getattr(X, "column_blocks", None)  # featurize's feature sets, for PerformancePredictor(blocks="auto")
     X = np.asarray(X, dtype=float)
     y = np.asarray(y)
+    if blocks is not None and clf.get_params().get("blocks", None) == "auto":
+        clf = clone(clf).set_params(blocks=tuple(blocks))
     if int(repeats) < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
     classes, counts = np.unique(y, return_counts=True)

@@ -191,6 +191,28 @@ def architecture_signature(topology) -> list:
     return [[layer.param, list(layer.weight_shape)] for layer in topology.layers]
 
 
+class _BlockHeads(torch.nn.Module):
+    """One linear head per block of columns (a logistic regression each), as one
+    ``Linear(d, B)`` whose weight is masked to the blocks; ``forward`` gives the ``B`` logits."""
+
+    def __init__(self, blocks: Sequence[int]):
+        super().__init__()
+        d, b = int(sum(blocks)), len(blocks)
+        self.linear = torch.nn.Linear(d, b)
+        mask = torch.zeros(b, d)
+        start = 0
+        for i, w in enumerate(blocks):
+            mask[i, start : start + int(w)] = 1.0
+            start += int(w)
+        self.mask: torch.Tensor
+        self.register_buffer("mask", mask, persistent=False)
+        with torch.no_grad():
+            self.linear.weight.mul_(mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.linear.weight * self.mask, self.linear.bias)
+
+
 def _mlp(n_in: int, hidden: Sequence[int], n_out: int) -> torch.nn.Sequential:
     layers: list[torch.nn.Module] = []
     width = n_in
@@ -257,6 +279,13 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         With ``auto``: candidate feature sets, each a list of column indices of ``X`` (e.g.
         the DTG columns, the DTG and covariate columns); default: all columns.
     auto_folds : int, default 3
+    blocks : "auto", sequence of int or None, default "auto"
+        Column blocks (feature sets, in order) that each get a model of their own, their
+        probabilities averaged: one small model per set rather than one on every column.
+        ``"auto"``: the blocks :func:`~dtg_gpu.featurize` marks on its default features
+        (``X.column_blocks``: the DTG columns, the weight statistics, the covariates), and
+        none for any other ``X``. Only with ``hidden_sizes=()``, ``select=None``, no ``auto``;
+        otherwise one model reads every column.
 
     Attributes
     ----------
@@ -306,6 +335,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         auto: bool = False,
         column_sets: dict | None = None,
         auto_folds: int = 3,
+        blocks: Any = "auto",
     ):
         self.hidden_sizes = hidden_sizes
         self.epochs = epochs
@@ -321,6 +351,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         self.auto = auto
         self.column_sets = column_sets
         self.auto_folds = auto_folds
+        self.blocks = blocks
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -334,6 +365,14 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         return resolve_device(self.device)
 
     def _check_params(self) -> None:
+        if not (
+            self.blocks in ("auto", None)
+            or (
+                isinstance(self.blocks, (list, tuple))
+                and all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in self.blocks)
+            )
+        ):
+            raise ValueError(f"blocks must be 'auto', None or a list of column widths, got {self.blocks!r}")
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {SCALINGS}, got {self.scaling!r}")
         if self.select is not None and (
@@ -368,7 +407,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                     raise ValueError(f"column_sets[{name!r}] must be a non-empty list of column indices, got {cols!r}")
 
     #: The seed's classifier (SPEC.md step 5): an MLP with one hidden layer of 32, standard scaling.
-    SPEC_PARAMS: dict[str, Any] = {"hidden_sizes": (32,), "scaling": "standard", "weight_decay": 1e-4}
+    SPEC_PARAMS: dict[str, Any] = {"hidden_sizes": (32,), "scaling": "standard", "weight_decay": 1e-4, "blocks": None}
 
     @classmethod
     def spec(cls, **params: Any) -> "PerformancePredictor":
@@ -389,7 +428,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         (:meth:`_search`); scale and select on the finite training rows; train the MLP
         (:meth:`_train`)."""
         self._check_params()
+        marked = self.blocks if self.blocks != "auto" else getattr(X, "column_blocks", None)
         X, y = validate_data(self, X, y, ensure_all_finite=False, dtype=np.float64)
+        self.blocks_ = self._resolve_blocks(marked, X.shape[1])
         check_classification_targets(y)
         self.classes_, y_enc = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
@@ -415,6 +456,15 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         self._prepare(Xc[rows], y_enc[rows])
         self._train(Xc[rows], y_enc[rows], seed)
         return self
+
+    def _resolve_blocks(self, marked: Any, d: int) -> tuple[int, ...] | None:
+        """The column blocks the fit uses (see ``blocks``), or ``None`` for one model."""
+        if marked is None or self.hidden_sizes or self.select is not None or self.auto or self.column_sets:
+            return None
+        widths = tuple(int(w) for w in marked)
+        if any(w < 1 for w in widths) or sum(widths) != d:
+            raise ValueError(f"blocks {list(widths)} must be positive widths that add up to X's {d} columns")
+        return widths if len(widths) > 1 else None
 
     def _seed(self) -> int:
         from sklearn.utils import check_random_state
@@ -480,7 +530,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
-        net = _mlp(self.selected_.size, self.hidden_sizes, n_out)
+        blocks = getattr(self, "blocks_", None) if n_out == 1 else None
+        self.blocks_ = blocks
+        net = _BlockHeads(blocks) if blocks else _mlp(self.selected_.size, self.hidden_sizes, n_out)
         torch.random.set_rng_state(torch_state)
         dev = self._device()
         net = net.to(dev)
@@ -502,7 +554,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                     idx = order[start : start + bs]
                     out = net(xt[idx])
                     target = yt[idx].float().unsqueeze(1) if n_out == 1 else yt[idx]
-                    loss = loss_fn(out, target)
+                    if blocks:  # every head its own logistic regression: the sum of their losses
+                        target = target.expand_as(out)
+                        loss = loss_fn(out, target) * out.shape[1]
+                    else:
+                        loss = loss_fn(out, target)
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
@@ -533,7 +589,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             with torch.no_grad():
                 out = self.network_(xt)
             if len(self.classes_) == 2:
-                p = torch.sigmoid(out[:, 0]).double().numpy()
+                p = torch.sigmoid(out).mean(1).double().numpy()  # one head, or the heads' mean
                 proba[finite] = np.stack([1 - p, p], 1)
             else:
                 proba[finite] = torch.softmax(out, 1).double().numpy()
@@ -634,6 +690,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             tensors["columns"] = torch.as_tensor(self.columns_, dtype=torch.int64)
         params = self.get_params()
         params["hidden_sizes"] = [int(h) for h in params["hidden_sizes"]]
+        if params["blocks"] not in ("auto", None):
+            params["blocks"] = [int(w) for w in params["blocks"]]
         if not isinstance(params["random_state"], (int, type(None))):
             params["random_state"] = None
         meta = {
@@ -641,7 +699,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             "params": params,
             "classes": self.classes_.tolist(),
             "n_features_in": int(self.n_features_in_),
-            "fitted": {"scaling": self.scaling_, "select": None if self.select_ is None else int(self.select_)},
+            "fitted": {
+                "scaling": self.scaling_,
+                "select": None if self.select_ is None else int(self.select_),
+                **({"blocks": [int(w) for w in blocks]} if (blocks := getattr(self, "blocks_", None)) else {}),
+            },
         }
         from ._files import atomic_write
 
@@ -696,6 +758,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         ):
             raise bad(f"hidden_sizes must be a list of integers in [1, 65536], got {hidden!r}")
         params["hidden_sizes"] = tuple(hidden)
+        if isinstance(params.get("blocks"), list):
+            params["blocks"] = tuple(params["blocks"])
         if params.get("feature_settings") is not None and not isinstance(params["feature_settings"], dict):
             raise bad("feature_settings must be an object")
         try:
@@ -781,9 +845,24 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         else:
             clf.selected_ = np.arange(d)
         n_out = 1 if len(classes) == 2 else len(classes)
-        widths = [int(clf.selected_.size), *clf.hidden_sizes, n_out]
+        blocks = fitted.get("blocks")
+        if blocks is not None and (
+            not isinstance(blocks, list)
+            or len(blocks) < 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in blocks)
+            or sum(blocks) != clf.selected_.size
+            or n_out != 1
+            or clf.hidden_sizes
+        ):
+            raise bad(f"fitted.blocks must be positive widths adding up to the {clf.selected_.size} features")
+        clf.blocks_ = tuple(blocks) if blocks else None
         shapes: dict[str, tuple[int, ...]] = {}
+        if blocks:
+            shapes["network.linear.weight"], shapes["network.linear.bias"] = (len(blocks), d), (len(blocks),)
+        widths = [int(clf.selected_.size), *clf.hidden_sizes, n_out]
         for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            if blocks:
+                break
             shapes[f"network.{2 * i}.weight"], shapes[f"network.{2 * i}.bias"] = (b, a), (b,)
         for k, shape in shapes.items():
             t = tensors.get(k)
@@ -792,7 +871,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         extra = set(tensors) - expected - set(shapes)
         if extra:
             raise bad(f"unexpected tensors {sorted(extra)[:5]}")
-        clf.network_ = _mlp(clf.selected_.size, clf.hidden_sizes, n_out)  # sizes checked against the file
+        clf.network_ = (  # sizes checked against the file
+            _BlockHeads(blocks) if blocks else _mlp(clf.selected_.size, clf.hidden_sizes, n_out)
+        )
         clf.network_.load_state_dict({k[len("network.") :]: tensors[k].float() for k in shapes})
         clf.network_.eval()
         return clf

@@ -292,6 +292,15 @@ def feature_sets(
     return out
 
 
+def default_blocks(sf: SweepFeatures, width: int, covariates: Sequence[str] = ()) -> tuple[int, ...]:
+    """The feature sets of the ``default`` matrix of ``width`` columns: DTG, the weight
+    statistics (7 per weight layer), the covariates (what ``featurize`` marks as
+    ``column_blocks``)."""
+    first = next(r for r, ok in zip(sf.runs, sf.usable) if ok)
+    ws, cov = 7 * len(first.topology.params), len(covariates)
+    return tuple(w for w in (width - ws - cov, ws, cov) if w)
+
+
 def compare(
     sf: SweepFeatures,
     ks: Sequence[int],
@@ -316,7 +325,13 @@ def compare(
     rows = []
     for k in ks:
         for name, X in feature_sets(sf, k, names, covariates).items():
-            row_clf = clf or (PerformancePredictor.spec() if name == "dtg" else PerformancePredictor())
+            row_clf = clf or (
+                PerformancePredictor.spec()
+                if name == "dtg"
+                else PerformancePredictor(
+                    blocks=default_blocks(sf, X.shape[1], covariates) if name == "default" else None
+                )
+            )
             s = evaluate(row_clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
     return rows
@@ -358,7 +373,10 @@ def run_verdicts(
         X = feature_sets(sf, int(k), [features])[features][keep]
         if n_splits >= 2:
             cv = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
-            proba[keep, j] = cross_val_predict(base, X, y, cv=cv, method="predict_proba")[:, 1]
+            model = base
+            if clf is None and features == "default":
+                model = base.set_params(blocks=default_blocks(sf, X.shape[1]))
+            proba[keep, j] = cross_val_predict(model, X, y, cv=cv, method="predict_proba")[:, 1]
     label = np.full(len(sf.runs), -1)
     label[keep] = y
     return {"ks": [int(k) for k in ks], "proba": proba, "label": label, "threshold": cut}

@@ -111,3 +111,51 @@ def test_cli_featurize_names_every_column(bn_runs, tmp_path):
     assert d.columns[-1] == "ws_fc_max" and any(c.startswith("ws_conv1_") for c in d.columns)
     X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu").double().numpy()
     np.testing.assert_allclose(d.iloc[:, 2:].to_numpy(), X, rtol=1e-6)
+
+
+def test_featurize_marks_its_feature_sets_and_the_default_gives_each_a_model(bn_runs, tmp_path):
+    X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", covariates=["lr"])
+    dtg = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", weight_stats=False)
+    assert X.column_blocks == (dtg.shape[1], X.shape[1] - dtg.shape[1] - 1, 1)
+    assert sum(X.column_blocks) == X.shape[1]
+    y = np.array([1, 0, 0, 1, 0, 1])[: len(bn_runs)]
+    clf = PerformancePredictor(random_state=0).fit(X, y)
+    assert clf.blocks_ == X.column_blocks and clf.network_(torch.zeros(1, X.shape[1])).shape == (1, 3)
+    # each head reads only its own columns: its probability is that block's logistic regression
+    w = (clf.network_.linear.weight * clf.network_.mask).detach()
+    a, b, _ = X.column_blocks
+    assert w[0, a:].abs().sum() == 0 and w[1, :a].abs().sum() == 0 and w[1, a + b :].abs().sum() == 0
+    # the mean of the heads' probabilities, saved and read back as it was
+    Xn = X.double().numpy()
+    p = clf.predict_proba(Xn)[:, 1]
+    z = torch.as_tensor(clf._scale(Xn), dtype=torch.float32)
+    np.testing.assert_allclose(p, torch.sigmoid(clf.network_(z)).mean(1).detach().double().numpy(), rtol=1e-6)
+    clf.save(tmp_path / "p.safetensors")
+    back = PerformancePredictor.load(tmp_path / "p.safetensors")
+    assert back.blocks_ == clf.blocks_
+    np.testing.assert_allclose(back.predict_proba(Xn), clf.predict_proba(Xn))
+    # a plain matrix has no sets: one model; the seed's MLP never splits
+    assert PerformancePredictor(random_state=0).fit(Xn, y).blocks_ is None
+    assert PerformancePredictor.spec(random_state=0).fit(X, y).blocks_ is None
+    with pytest.raises(ValueError, match="must be positive widths that add up to"):
+        PerformancePredictor(blocks=(1, 2)).fit(Xn, y)
+
+
+def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
+    from dtg_gpu.evaluation import evaluate
+
+    rng = np.random.default_rng(0)
+    X = torch.as_tensor(rng.normal(size=(40, 6)))
+    X.column_blocks = (4, 2)
+    y = (X[:, 0] > 0).long().numpy()
+    seen = []
+    real = PerformancePredictor.fit
+
+    def fit(self, X, y):
+        out = real(self, X, y)
+        seen.append(self.blocks_)
+        return out
+
+    monkeypatch.setattr(PerformancePredictor, "fit", fit)
+    evaluate(PerformancePredictor(), X, y, repeats=2)
+    assert seen == [(4, 2), (4, 2)]

@@ -564,11 +564,14 @@ def _train_run(a) -> int:
     runs = _load_sweep(a)
     label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
     X, names, k, usable, ws = _sweep_features(a, runs)
+    blocks = getattr(X, "column_blocks", None)
     runs = [r for r, u in zip(runs, usable) if u]  # failed runs: named in a warning, left out
     X = X[torch_index(usable)]
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
     recipe = _recipe(a)
     clf = _classifier(a)
+    if clf.blocks == "auto":
+        clf.set_params(blocks=blocks)
     clf.set_params(
         random_state=a.seed,
         feature_settings={
