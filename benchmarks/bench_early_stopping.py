@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from dtg_gpu.early_stopping import run_records  # noqa: E402
+from dtg_gpu.early_stopping import many_run_records  # noqa: E402
 from dtg_gpu.integrations.optuna import _STEP, DTGPruner  # noqa: E402
 from dtg_gpu.sweeps import load_sweep  # noqa: E402
 
@@ -56,16 +56,33 @@ def sweep_records(folder: Path, work: Path) -> dict:
     runs = load_sweep(folder)
     out = {"sweep": folder.name, "runs": []}
     t0 = time.perf_counter()
-    for run in runs:
+    records = many_run_records(runs, [0] * len(runs), device="cpu")  # one solve per architecture
+    for run, recs in zip(runs, records):
+        if isinstance(recs, str):
+            raise SystemExit(f"{folder}: run {run.name}: {recs}")
         acc = [c.get("val_accuracy") for c in run.meta.get("checkpoints", [])]
-        out["runs"].append(
-            {"name": run.name, "final": run.final_accuracy, "val": acc, "records": run_records(run, device="cpu")}
-        )
+        out["runs"].append({"name": run.name, "final": run.final_accuracy, "val": acc, "records": recs})
     out["seconds"] = time.perf_counter() - t0
     out["model"] = runs[0].meta.get("model")
     work.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(out))
     return out
+
+
+SUITE_METHODS = (
+    "none",
+    "MedianPruner",
+    "PercentilePruner(25)",
+    "SuccessiveHalvingPruner",
+    "HyperbandPruner",
+    "PatientPruner(Median)",
+    "DTGPruner (data-free)",
+    "DTGPruner cold (data-free)",
+    "DTGPruner+val_accuracy",
+    "DTGPruner cold+val_accuracy",
+    "DTGPruner folded (data-free)",
+    "DTGPruner folded+val_accuracy",
+)
 
 
 def methods(quick: bool) -> dict:
@@ -79,6 +96,8 @@ def methods(quick: bool) -> dict:
         "PatientPruner(Median)": lambda: P.PatientPruner(P.MedianPruner(), patience=2),
         "WilcoxonPruner": lambda: P.WilcoxonPruner(),
         "DTGPruner (data-free)": lambda: DTGPruner(use_values=False),
+        "DTGPruner cold (data-free)": lambda: DTGPruner(use_values=False, warm_start=False),
+        "DTGPruner cold+val_accuracy": lambda: DTGPruner(use_values=True, warm_start=False),
         "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(use_values=False, features="dtg+weight_stats"),
         "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True),
         # no decision on the first two checkpoints (steps 0 and 1): VGG-11 lost its best run at epoch 1
@@ -104,11 +123,12 @@ def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> 
         pruner=pruner,
         sampler=optuna.samplers.RandomSampler(seed=0),
     )
-    epochs_run, completed, pruned_at = [], [], {}
+    epochs_run, completed, pruned_at, full = [], [], {}, []
     for i in order:
         r = runs[i]
         trial = study.ask()
         steps = len(r["records"])
+        full.append(steps)
         pruned = False
         for s in range(steps):
             trial.storage.set_trial_system_attr(trial._trial_id, f"{_STEP}{s:09d}", r["records"][s])
@@ -123,7 +143,7 @@ def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> 
             study.tell(trial, float(r["final"]))
             epochs_run.append(steps)
             completed.append(int(i))
-    return {"epochs": epochs_run, "completed": completed, "pruned_at": pruned_at}
+    return {"epochs": epochs_run, "completed": completed, "pruned_at": pruned_at, "full": full}
 
 
 def metrics(sweep: dict, res: dict) -> dict:
@@ -141,8 +161,10 @@ def metrics(sweep: dict, res: dict) -> dict:
     low = finals < np.nanmedian(finals)
     wasted = sum(len(sweep["runs"][i]["records"]) for i in res["completed"] if low[i])
     cut = res.get("pruned_at", {}).get(ib)
+    first = FIRST_TRIALS
     return {
         "saved": 1 - sum(res["epochs"]) / total,
+        "saved_first": 1 - sum(res["epochs"][:first]) / sum(res["full"][:first]) if res.get("full") else None,
         "regret": regret,
         "regret_one_sample": regret <= one + 1e-9,
         "best_survives": ib in set(res["completed"]),
@@ -152,8 +174,12 @@ def metrics(sweep: dict, res: dict) -> dict:
     }
 
 
+FIRST_TRIALS = 20  # "saves almost nothing in a study's first 20-30 trials": measured on the first 20
+
+
 def summarise(rows: list[dict]) -> dict:
     s = np.array([r["saved"] for r in rows])
+    first = [r["saved_first"] for r in rows if r.get("saved_first") is not None]
     reg = np.array([r["regret"] for r in rows])
     return {
         "saved_mean": float(s.mean()),
@@ -166,6 +192,10 @@ def summarise(rows: list[dict]) -> dict:
         "best_survives_share": float(np.mean([r["best_survives"] for r in rows])),
         "top10_recall_mean": float(np.mean([r["top10_recall"] for r in rows])),
         "orderings": len(rows),
+        **({"saved_first_mean": float(np.mean(first))} if first else {}),
+        # half-widths of the 95 % intervals of the means over the orderings (normal approximation)
+        "saved_ci95": float(1.96 * s.std(ddof=1) / np.sqrt(len(s))) if len(s) > 1 else float("nan"),
+        "regret_ci95": float(1.96 * reg.std(ddof=1) / np.sqrt(len(reg))) if len(reg) > 1 else float("nan"),
     } | _why(rows)
 
 
@@ -183,7 +213,13 @@ def _why(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("sweeps", nargs="+")
+    ap.add_argument("sweeps", nargs="*")
+    ap.add_argument(
+        "--suite",
+        action="store_true",
+        help="every sweep of dtg_gpu.sweep_config.SUITE under --root; the suite's methods; writes early_stopping_suite",
+    )
+    ap.add_argument("--root", default=None, help="with --suite: folder with one trained sweep per preset (ROOT/NAME)")
     ap.add_argument("--orderings", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-early-stopping"))
@@ -200,6 +236,16 @@ def main() -> None:
     ap.add_argument("--curve-only", action="store_true", help="only the curves (with --merge: keep the methods' rows)")
     ap.add_argument("--merge", action="store_true", help="add these sweeps to the saved results, keep the others")
     a = ap.parse_args()
+    if a.suite:
+        from dtg_gpu.sweep_config import SUITE
+
+        if not a.root:
+            ap.error("--suite needs --root ROOT (ROOT/NAME for each preset of the suite)")
+        a.sweeps = [str(Path(a.root) / n) for n in SUITE]
+        a.only = a.only or list(SUITE_METHODS)
+        a.curve = [] if a.curve == [0.1, 0.2, 0.3, 0.5] else a.curve
+    elif not a.sweeps:
+        ap.error("give SWEEP_DIR ... or --suite --root ROOT")
     n_orders = 3 if a.quick else a.orderings
     out = Path(a.out)
     results = {"orderings": n_orders, "date": time.strftime("%Y-%m-%d %H:%M"), "sweeps": {}}
@@ -254,7 +300,7 @@ def main() -> None:
         res[stamp] = results["date"]
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
-    stem = "early_stopping_quick" if a.quick else "early_stopping"
+    stem = ("early_stopping_quick" if a.quick else "early_stopping") + ("_suite" if a.suite else "")
     if a.merge and (out / f"{stem}.json").exists():  # keep the other sweeps' tables, rows and curves
         old = json.loads((out / f"{stem}.json").read_text())
         merged = old.get("sweeps", {})
@@ -269,8 +315,8 @@ def main() -> None:
             merged[name] = prev | res
         results["sweeps"] = merged
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    write_markdown(results, out / f"{stem}.md")
-    if not a.quick:
+    write_markdown(results, out / f"{stem}.md", suite=a.suite)
+    if not a.quick and not a.suite:
         plot(results, out / "early_stopping_curve.png")
     print("wrote", out / f"{stem}.md")
 
@@ -346,7 +392,65 @@ def matched(res: dict) -> list[str]:
     ]
 
 
-def write_markdown(results: dict, path: Path) -> None:
+def _wilson(share: float, n: int) -> str:
+    """The 95 % Wilson interval of a share measured on ``n`` orderings."""
+    z = 1.96
+    c = (share + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return f"[{max(0.0, c - h):.0%}, {min(1.0, c + h):.0%}]"
+
+
+def goals(results: dict) -> list[str]:
+    """Issue #33's early-stopping goals, one row per sweep, met or missed with the numbers."""
+    rows = []
+    met = {"free": 0, "value": 0, "n": 0}
+    for name, res in results["sweeps"].items():
+        m = res["methods"]
+        free, val, med = m.get("DTGPruner (data-free)"), m.get("DTGPruner+val_accuracy"), m.get("MedianPruner")
+        cold = m.get("DTGPruner cold (data-free)")
+        if not (free and val and med):
+            continue
+        n = free["orderings"]
+        ok_free = free["regret_zero_share"] >= 0.95 and free["saved_mean"] >= 0.5
+        ok_val = val["saved_mean"] >= med["saved_mean"] and val["regret_mean"] <= med["regret_mean"] + 1e-12
+        met["free"] += ok_free
+        met["value"] += ok_val
+        met["n"] += 1
+        first = (
+            f"{cold.get('saved_first_mean', float('nan')):.0%} → {free.get('saved_first_mean', float('nan')):.0%}"
+            if cold
+            else "–"
+        )
+        rows.append(
+            f"| {name} | {free['regret_zero_share']:.0%} {_wilson(free['regret_zero_share'], n)} | "
+            f"{free['saved_mean']:.3f} ± {free['saved_ci95']:.3f} | {'met' if ok_free else 'missed'} | "
+            f"{val['saved_mean']:.3f} ± {val['saved_ci95']:.3f} / {val['regret_mean']:.4f} ± {val['regret_ci95']:.4f} | "
+            f"{med['saved_mean']:.3f} ± {med['saved_ci95']:.3f} / {med['regret_mean']:.4f} ± {med['regret_ci95']:.4f} | "
+            f"{'met' if ok_val else 'missed'} | {first} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Goals (issue #33)",
+        "",
+        "Data-free: `DTGPruner(use_values=False)` keeps the best run (R = 0: a completed trial reaches the "
+        "sweep's best final accuracy) in ≥ 95 % of the orderings and saves "
+        "≥ 50 % of the compute. With the value: `DTGPruner(use_values=True)` saves at least as much as "
+        "`MedianPruner` at no more mean regret. Intervals: 95 % (Wilson for shares, normal for means "
+        f"over the orderings). *First {FIRST_TRIALS} trials*: compute saved on the first {FIRST_TRIALS} "
+        "trials of a study, without → with the warm start (`warm_start=False` → default).",
+        "",
+        "| sweep | data-free: best kept | data-free: S | goal | with value: S / R mean | MedianPruner: S / R mean "
+        f"| goal | first {FIRST_TRIALS} trials (data-free) |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Met: data-free {met['free']} of {met['n']} sweeps; with the value {met['value']} of {met['n']}.",
+        "",
+    ]
+
+
+def write_markdown(results: dict, path: Path, suite: bool = False) -> None:
     lines = [
         f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})",
         "",
@@ -360,6 +464,13 @@ def write_markdown(results: dict, path: Path) -> None:
         "accuracy that ran to the end (no pruning: about 0.5); – for rows measured before these columns.",
         "",
     ]
+    if suite:
+        lines[2] = lines[2].replace(
+            "`python benchmarks/bench_early_stopping.py SWEEP ...`",
+            "`python benchmarks/bench_early_stopping.py --suite --root ROOT` (the eight sweeps of "
+            "`dtg_gpu.sweep_config.SUITE`, each trained with `dtg sweep --preset NAME`)",
+        )
+        lines += goals(results)
     for name, res in results["sweeps"].items():
         lines += [
             f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints"
@@ -368,8 +479,8 @@ def write_markdown(results: dict, path: Path) -> None:
             + (f" (rows added {res['rows_added']})" if res.get("rows_added") else ""),
             "",
             "| method | S mean [min, max] | R mean | R max | R = 0 | R ≤ 1 test sample | best survives "
-            "| top-10 % recall | best run cut | kept too long |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| top-10 % recall | best run cut | kept too long | S, first {FIRST_TRIALS} trials |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for m, s in res["methods"].items():
             lines.append(
@@ -377,7 +488,8 @@ def write_markdown(results: dict, path: Path) -> None:
                 f"{s['regret_mean']:.4f} | {s['regret_max']:.4f} | {s['regret_zero_share']:.0%} | "
                 f"{_share(s.get('regret_one_sample_share'))} | {s['best_survives_share']:.0%} | "
                 f"{s['top10_recall_mean']:.2f} | {_cut(s)} | "
-                f"{_share(s.get('low_completed_share')) if 'low_completed_share' in s else '–'} |"
+                f"{_share(s.get('low_completed_share')) if 'low_completed_share' in s else '–'} | "
+                f"{_share(s.get('saved_first_mean'))} |"
             )
         for label, pts in res.get("curve", {}).items():
             lines += [

@@ -237,7 +237,8 @@ class SweepWatcher:
             try:
                 while len(seen.history) < k:  # one probability per checkpoint, judged when it lands
                     j = len(seen.history) + 1
-                    seen.history.append(self.rule.probability(seen.records[:j], None, finished))
+                    peers = [(n, s.records, None) for n, (_, f, s) in runs.items() if n != name and not f]
+                    seen.history.append(self.rule.probability(seen.records[:j], None, finished, peers))
             except ValueError as exc:  # a given predictor that does not fit this run
                 out[name] = Verdict(name, k, None, "failed", error=str(exc))
                 continue

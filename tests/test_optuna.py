@@ -15,7 +15,7 @@ from torch import nn
 optuna = pytest.importorskip("optuna")
 
 import dtg_gpu  # noqa: E402
-from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, feature_vector  # noqa: E402
+from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, feature_vector, peer_score  # noqa: E402
 from dtg_gpu.integrations.optuna import (  # noqa: E402
     DTGPruner,
     checkpoint_folder,
@@ -154,8 +154,82 @@ def test_online_rule_learns_direction_and_prunes_the_bad_kind():
     flipped = [(k, r, v, 1 - f) for k, r, v, f in good + bad]
     low = StoppingRule(direction="minimize", n_startup_trials=10)
     assert low.probability(_records(2.5, 4, 99), None, flipped) < 0.3
-    # too few finished runs: no decision
-    assert rule.probability(_records(2.5, 4, 99), None, good[:3] + bad[:3]) is None
+    # too few finished runs and no warm start: no decision
+    cold = StoppingRule(n_startup_trials=10, warm_start=False)
+    assert cold.probability(_records(2.5, 4, 99), None, good[:3] + bad[:3]) is None
+
+
+def _lam(*logs: float) -> list[dict]:
+    """Records whose graph's log λ₁ is ``logs`` (finite centrality statistics)."""
+    return [{"dtg": [0.1] * 5, "log_eigenvalue": v} for v in logs]
+
+
+def test_peer_score_is_the_growth_of_log_lambda():
+    assert peer_score(_lam(1.0, 1.25, 2.0), 3) == 1.0
+    assert peer_score(_lam(1.0, 1.25, 2.0), 2) == 0.25
+    assert peer_score(_lam(1.0), 1) is None  # nothing has grown at the first checkpoint
+    assert peer_score(_lam(1.0, None), 2) == float("-inf")  # diverged: behind everyone
+
+
+def test_warm_start_compares_with_peers_before_anything_finished():
+    rule = StoppingRule(n_peers=4)
+    peers = [(f"p{i}", _lam(0.0, g, g), None) for i, g in enumerate([0.1, 0.4, 0.5, 0.9, 2.0])]
+    # growth 0.45 at checkpoint 3: two of five peers below it
+    assert rule.probability(_lam(0.0, 0.2, 0.45), None, [], peers) == pytest.approx(2 / 5)
+    # growth 0.05: below every peer: stopped, as MedianPruner would a value behind the others
+    low = rule.probability(_lam(0.0, 0.0, 0.05), None, [], peers)
+    assert low == 0.0 and rule.should_stop([low])
+    # ties count half
+    assert rule.probability(_lam(0.0, 0.0, 0.5), None, [], peers) == pytest.approx(2.5 / 5)
+    # peers that have not reached checkpoint 3 do not count; too few peers: no decision
+    short = [(f"s{i}", _lam(0.0, 9.0), None) for i in range(3)]
+    assert rule.probability(_lam(0.0, 0.2, 0.45), None, [], peers[:3] + short) is None
+    assert rule.probability(_lam(0.0), None, [], peers) is None  # first checkpoint: no growth yet
+    # finished runs are peers too (once each, by key)
+    fin = [(k, r, v, 0.5) for k, r, v in peers[:2]]
+    assert rule.probability(_lam(0.0, 0.2, 0.45), None, fin, peers) == pytest.approx(2 / 5)
+    # the reported value joins in: the mean of the two shares, in the study's direction
+    vals = [(k, r, [0.1, 0.2, 0.1 * (i + 1)]) for i, (k, r, _) in enumerate(peers)]
+    mine = _lam(0.0, 0.2, 0.45)
+    assert rule.probability(mine, [0.1, 0.2, 0.45], [], vals) == pytest.approx((2 / 5 + 4 / 5) / 2)
+    mini = StoppingRule(n_peers=4, direction="minimize")
+    assert mini.probability(mine, [0.1, 0.2, 0.45], [], vals) == pytest.approx((2 / 5 + 1 / 5) / 2)
+    assert StoppingRule(n_peers=4, use_values=False).probability(mine, [0.1, 0.2, 0.45], [], vals) == pytest.approx(
+        2 / 5
+    )
+    # switched off: the rule of 0.x (nothing decided before the online model exists)
+    assert StoppingRule(warm_start=False).probability(_lam(0.0, 0.0, 0.05), None, [], peers) is None
+
+
+def test_the_learned_model_takes_over_once_runs_have_finished():
+    good = [(f"g{i}", _records(1.0, 4, i), None, 0.9 + 0.001 * i) for i in range(6)]
+    bad = [(f"b{i}", _records(2.5, 4, 10 + i), None, 0.1 + 0.001 * i) for i in range(6)]
+    rule = StoppingRule(n_startup_trials=10)
+    # the bad kind grows its first layer fastest: peers alone would rank it first
+    peers = [(k, r, v) for k, r, v, _ in good + bad]
+    assert rule.probability(_records(2.5, 4, 99), None, [], peers) > 0.5
+    assert rule.probability(_records(2.5, 4, 99), None, good + bad, peers) < 0.3
+
+
+def test_pruner_warm_start_prunes_a_trial_that_does_not_move_before_any_completes():
+    study = optuna.create_study(direction="maximize", pruner=DTGPruner(n_peers=3))
+    net = _net(0)
+    running = []
+    for i in range(4):  # four trials that learn (their first layer grows), none finished
+        t = study.ask()
+        for s in range(3):
+            with torch.no_grad():
+                net[0].weight.mul_(1.0 + 0.2 * (i + 1))
+            report(t, net, s)
+        running.append(t)
+    still = study.ask()  # a trial whose weights do not move
+    flat = _net(1)
+    report(still, flat, 0)
+    assert not still.should_prune()  # first checkpoint: nothing to compare yet
+    report(still, flat, 1)
+    assert still.should_prune()
+    with pytest.raises(ValueError, match="n_peers"):
+        DTGPruner(n_peers=0)
 
 
 def test_diverged_weights_stop_at_once():

@@ -57,6 +57,25 @@ def test_watcher_judges_running_runs_from_the_finished_ones(live):
     assert v2[good].checkpoints == 3 and len(w._seen[good].records) == n_before + 1
 
 
+def test_watcher_warm_start_judges_before_any_run_finished(sweep, tmp_path):
+    """No run.json anywhere (all twelve runs still training): the runs that do not move are
+    behind their peers and stopped, the ones that learn continue; with warm_start=False
+    nothing is decided."""
+    out = tmp_path / "cold"
+    shutil.copytree(sweep, out)
+    names = json.loads((out / "sweep.json").read_text())["runs"]
+    for n in names:
+        (out / n / "run.json").unlink()
+    v = {x.run: x for x in SweepWatcher(out, rule=StoppingRule(use_values=False)).poll()}
+    assert all(x.verdict != "finished" for x in v.values())
+    lr = {n: CFG.grid()[i]["lr"] for i, n in enumerate(names)}
+    slow = min(lr.values())
+    assert all(v[n].verdict == "stop" for n in names if lr[n] == slow)
+    assert all(v[n].verdict == "continue" for n in names if lr[n] >= 0.02)
+    cold = SweepWatcher(out, rule=StoppingRule(use_values=False, warm_start=False)).poll()
+    assert all(x.verdict == "wait" for x in cold)
+
+
 def test_dtg_watch_cli_json_lines(live, capsys):
     out, good, bad, empty = live
     assert main(["watch", str(out), "--once", "--json", "--n-startup", "6"]) == 0
@@ -67,7 +86,13 @@ def test_dtg_watch_cli_json_lines(live, capsys):
     # LeNet-5 has no batch norm: folding leaves every verdict and probability as it was
     assert main(["watch", str(out), "--once", "--json", "--n-startup", "6", "--fold-batchnorm"]) == 0
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == lines
-    assert main(["watch", str(out), "--once"]) == 0  # n_startup 10 > 8 finished: no decision yet
+    # n_startup 10 > 8 finished: the runs are compared with their peers at the same checkpoint
+    assert main(["watch", str(out), "--once"]) == 0
+    text = capsys.readouterr().out
+    line = {t.split("\t")[0]: t for t in text.splitlines()}
+    assert line[bad].startswith(f"{bad}\tk=4\tP(sufficient)=0.") and line[bad].endswith("\tstop")
+    assert line[good].endswith("\tcontinue")
+    assert main(["watch", str(out), "--once", "--no-warm-start"]) == 0  # as in 0.x: no decision yet
     text = capsys.readouterr().out
     assert f"{bad}\tk=4\tP(sufficient)=-\twait" in text
 

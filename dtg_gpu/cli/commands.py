@@ -825,7 +825,19 @@ def _watch_args(p):
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.add_argument("--min-probability", type=float, default=0.3, help="stop below this P(sufficient) (default 0.3)")
     p.add_argument("--patience", type=_positive_int, default=1, help="checks in a row below it (default 1)")
-    p.add_argument("--n-startup", type=int, default=10, help="finished runs needed before any verdict (default 10)")
+    p.add_argument(
+        "--n-startup",
+        type=int,
+        default=10,
+        help="finished runs needed before the verdicts are learned from them (default 10); before that a "
+        "run is compared with the others at the same checkpoint",
+    )
+    p.add_argument(
+        "--no-warm-start",
+        dest="warm_start",
+        action="store_false",
+        help="no verdict before --n-startup runs have finished (default: compare a run with its peers)",
+    )
     p.add_argument(
         "--threshold", default="median", help="sufficient: final accuracy >= 'median', 'qX' (e.g. q0.75) or a number"
     )
@@ -859,6 +871,7 @@ def _watch_run(a) -> int:
         features=a.features,
         use_values=False,
         fold_batchnorm=a.fold_batchnorm,
+        warm_start=a.warm_start,
     )
     watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)
     shown: dict[str, tuple] = {}

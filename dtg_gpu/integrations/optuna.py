@@ -247,6 +247,12 @@ class DTGPruner(optuna.pruners.BasePruner):
     fold_batchnorm : bool, default False
         Judge from the graph with batch norm folded into the layer before it (see
         :class:`~dtg_gpu.early_stopping.StoppingRule`); no effect on a network without batch norm.
+    warm_start : bool, default True
+        Before enough trials have completed, prune a trial that stays behind the others at
+        the same step (:func:`~dtg_gpu.early_stopping.peer_score`, and the reported value
+        when there is one), as ``MedianPruner`` does with values.
+    n_peers : int, default 5
+        Trials at the same step needed for that comparison.
 
     Notes
     -----
@@ -268,6 +274,8 @@ class DTGPruner(optuna.pruners.BasePruner):
         use_values: Any = "auto",
         alpha: float = 0.5,
         fold_batchnorm: bool = False,
+        warm_start: bool = True,
+        n_peers: int = 5,
     ) -> None:
         self._params = rule_params(locals())
         self._rules: dict[str, StoppingRule] = {}
@@ -292,13 +300,21 @@ class DTGPruner(optuna.pruners.BasePruner):
             return None
         direction = "maximize" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "minimize"
         rule = self._rule(direction)
-        finished = []
+        finished, peers = [], []
         if rule.predictor is None:
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            TS = optuna.trial.TrialState
+            for t in study.get_trials(deepcopy=False, states=(TS.COMPLETE, TS.PRUNED, TS.RUNNING)):
+                if t.number == trial.number:
+                    continue
                 s, r = trial_records(t)
-                if r and t.value is not None:
-                    finished.append(((study.study_name, t.number), r, _values(t, s), t.value))
-        return rule.probability(records, _values(trial, steps), finished)
+                if not r:
+                    continue
+                key = (study.study_name, t.number)
+                if t.state == TS.COMPLETE and t.value is not None:
+                    finished.append((key, r, _values(t, s), t.value))
+                elif rule.warm_start:
+                    peers.append((key, r, _values(t, s)))
+        return rule.probability(records, _values(trial, steps), finished, peers)
 
     def prune(self, study, trial) -> bool:
         """Optuna's pruner interface: ``True`` to prune ``trial`` now."""

@@ -135,7 +135,10 @@ class _State:
         recs.append(self.record_of(trial_id, config, folder))
         self.values.setdefault(trial_id, []).append(self.value_of(result))
         finished = [(k, *v) for k, v in self.finished.items()]
-        p = self.rule.probability(recs, self.values[trial_id], finished)
+        peers = [
+            (k, r, self.values.get(k)) for k, r in self.records.items() if k != trial_id and k not in self.finished
+        ]
+        p = self.rule.probability(recs, self.values[trial_id], finished, peers)
         hist = self.history.setdefault(trial_id, [])
         hist.append(p)
         return self.rule.should_stop(hist, diverged=is_diverged(recs))
@@ -181,7 +184,7 @@ class DTGScheduler(FIFOScheduler):
     checkpoint_file : str, optional
         The weights file's name inside each reported checkpoint folder (default: found).
     predictor, min_probability, patience, n_startup_trials, n_warmup_steps, threshold, features,
-    use_values, alpha, fold_batchnorm
+    use_values, alpha, fold_batchnorm, warm_start, n_peers
         As in :class:`~dtg_gpu.integrations.optuna.DTGPruner`; ``n_warmup_steps`` counts
         checkpoints.
     """
@@ -203,6 +206,8 @@ class DTGScheduler(FIFOScheduler):
         use_values: Any = "auto",
         alpha: float = 0.5,
         fold_batchnorm: bool = False,
+        warm_start: bool = True,
+        n_peers: int = 5,
     ) -> None:
         super().__init__()
         if mode not in (None, "min", "max"):
@@ -275,7 +280,7 @@ class DTGStopper(Stopper):
     metric, mode : str
         The value that labels finished trials.
     checkpoint_file, predictor, min_probability, patience, n_startup_trials, n_warmup_steps,
-    threshold, features, use_values, alpha, fold_batchnorm
+    threshold, features, use_values, alpha, fold_batchnorm, warm_start, n_peers
         As in :class:`DTGScheduler`.
     """
 
@@ -297,6 +302,8 @@ class DTGStopper(Stopper):
         use_values: Any = "auto",
         alpha: float = 0.5,
         fold_batchnorm: bool = False,
+        warm_start: bool = True,
+        n_peers: int = 5,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
