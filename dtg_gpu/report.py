@@ -11,7 +11,11 @@ import numpy as np
 from ._files import atomic_write
 from .statistics import STATISTICS
 
-__all__ = ["write_report", "results_table"]
+__all__ = ["write_report", "results_table", "acting_costs", "STOP_BELOW"]
+
+#: The verdict "stop" below this P(sufficient): the default ``min_probability`` of ``dtg watch``,
+#: ``dtg predict`` and :class:`~dtg_gpu.early_stopping.StoppingRule`.
+STOP_BELOW = 0.3
 
 
 def _plt():
@@ -175,6 +179,100 @@ document.querySelectorAll("table.sortable th").forEach(function (th, col) {
 </script>"""
 
 
+def acting_costs(sf, verdicts: dict, stop_below: float = STOP_BELOW) -> list[dict]:
+    """What acting on the verdicts at each early ``k`` (``k < T``) costs and saves: the runs
+    stopped (``P(sufficient) < stop_below``), the share of the remaining epochs they would
+    not run, the sufficient runs among them, and whether the best run is kept.
+
+    Examples
+    --------
+    >>> import numpy as np, types
+    >>> sf = types.SimpleNamespace(timesteps=4, usable=np.ones(3, bool), accuracies=np.array([.9, .2, .5]))
+    >>> v = {"ks": [2, 4], "proba": np.array([[.8, .9], [.1, .1], [.2, .6]]), "label": np.array([1, 0, 1])}
+    >>> [(c["k"], c["stopped"], round(c["saved"], 2), c["sufficient_lost"], c["best_kept"]) for c in acting_costs(sf, v)]
+    [(2, 2, 0.67, 1, True)]
+    """
+    out = []
+    T = int(sf.timesteps)
+    usable = np.asarray(sf.usable, bool)
+    acc = np.where(usable, np.nan_to_num(np.asarray(sf.accuracies, float), nan=-np.inf), -np.inf)
+    best = int(np.argmax(acc)) if usable.any() else -1
+    label = np.asarray(verdicts["label"])
+    for j, k in enumerate(verdicts["ks"]):
+        if k >= T:
+            continue  # not early: nothing left to save
+        p = np.asarray(verdicts["proba"])[:, j]
+        judged = usable & np.isfinite(p)
+        stop = judged & (p < stop_below)
+        out.append(
+            {
+                "k": int(k),
+                "judged": int(judged.sum()),
+                "stopped": int(stop.sum()),
+                "saved": float(stop.sum() / judged.sum()) if judged.any() else 0.0,  # each run has T - k left
+                "sufficient": int((judged & (label == 1)).sum()),
+                "sufficient_lost": int((stop & (label == 1)).sum()),
+                "best_kept": bool(best >= 0 and not stop[best]),
+                "remaining": T - int(k),
+            }
+        )
+    return out
+
+
+def _costs_html(sf, verdicts: dict, unit: str) -> str:
+    costs = acting_costs(sf, verdicts)
+    if not costs:
+        return ""
+    items = "".join(
+        f"<li><b>At k = {c['k']}</b> ({c['remaining']} {unit}s left per run): stop {c['stopped']} of "
+        f"{c['judged']} runs &rarr; <b>{c['saved']:.0%} of the remaining {unit}s saved</b>; "
+        f"{c['sufficient_lost']} of the {c['sufficient']} sufficient runs lost; "
+        f"the best run {'<b>kept</b>' if c['best_kept'] else '<b style=color:#b00>lost</b>'}.</li>"
+        for c in costs
+    )
+    return (
+        '<div class="box"><h2>What acting on the verdicts costs</h2><p>Verdict <i>stop</i> at '
+        f"P(sufficient) &lt; {STOP_BELOW} (the default of <code>dtg watch</code> and <code>dtg predict</code>); "
+        f"one checkpoint is one {unit}. The probabilities come from models that did not see the run "
+        f"(cross-validation).</p><ul>{items}</ul></div>"
+    )
+
+
+def _scores_html(rows: Sequence[dict]) -> str:
+    """The scores as an HTML table, the best row (highest mean AUC, then precision) marked."""
+    head = ["features", "k", "precision", "recall", "f1", "roc_auc", "average_precision"]
+    if not rows:
+        return ""
+    best = max(
+        range(len(rows)),
+        key=lambda i: (rows[i]["scores"]["roc_auc"]["mean"], rows[i]["scores"]["precision"]["mean"]),
+    )
+    body = []
+    for i, r in enumerate(rows):
+        cells = [ROW_LABELS.get(r["features"], r["features"]), str(r["k"])]
+        for m in head[2:]:
+            sc = r["scores"][m]
+            cells.append(f"{sc['mean']:.3f} [{sc['ci_low']:.2f}, {sc['ci_high']:.2f}]")
+        cls = ' class="best"' if i == best else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return (
+        '<table class="scores"><thead><tr>'
+        + "".join(f"<th>{html.escape(h.replace('roc_auc', 'ROC AUC').replace('_', ' '))}</th>" for h in head)
+        + f"</tr></thead><tbody>{''.join(body)}</tbody></table><p>Marked: the best row (highest ROC AUC).</p>"
+    )
+
+
+def _unit(sf) -> str:
+    """What one checkpoint is: ``dtg sweep`` records it (``checkpoint_unit``, ``checkpoint_every``
+    in run.json); other runs say "checkpoint"."""
+    meta = getattr(sf.runs[0], "meta", {}) if getattr(sf, "runs", None) else {}
+    unit = meta.get("checkpoint_unit") if isinstance(meta, dict) else None
+    if unit not in ("epoch", "step"):
+        return "checkpoint"
+    every = meta.get("checkpoint_every", 1)
+    return unit if every in (1, None) else f"{every}-{unit} interval"
+
+
 def runs_table_html(sf, verdicts: dict) -> str:
     """A sortable HTML table, one row per run: hyper-parameters, final accuracy, label, and
     out-of-fold P(sufficient) with the verdict at each ``k``; diverged and left-out runs are
@@ -182,7 +280,12 @@ def runs_table_html(sf, verdicts: dict) -> str:
     ks, proba, label = verdicts["ks"], verdicts["proba"], verdicts["label"]
     diverged = _diverged(sf)
     head = ["run", "lr", "dropout", "seed", "final accuracy", "label", "status"]
-    head += [h for k in ks for h in (f"P(sufficient) k={k}", f"verdict k={k}")]
+    early = [k < sf.timesteps for k in ks]  # no verdict at k = T: the run has ended
+    head += [
+        h
+        for k, e in zip(ks, early)
+        for h in ((f"P(sufficient) k={k}", f"verdict k={k}") if e else (f"P(sufficient) k={k}",))
+    ]
 
     def cell(text, value=None, cls=""):
         v = text if value is None else value
@@ -204,10 +307,13 @@ def runs_table_html(sf, verdicts: dict) -> str:
         ]
         for j in range(len(ks)):
             p = proba[i, j]
+            go = p >= STOP_BELOW
             if np.isfinite(p):
-                tds += [cell(f"{p:.2f}", p), cell("continue" if p >= 0.5 else "stop", cls="go" if p >= 0.5 else "stop")]
+                tds += [cell(f"{p:.2f}", p)] + (
+                    [cell("continue" if go else "stop", cls="go" if go else "stop")] if early[j] else []
+                )
             else:
-                tds += [cell("–", -1), cell("–")]
+                tds += [cell("–", -1)] + ([cell("–")] if early[j] else [])
         rows.append(f'<tr class="{cls}">' + "".join(tds) + "</tr>")
     return (
         f'<table class="sortable"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
@@ -228,14 +334,17 @@ def write_report(
     plot_roc_confusion(headline, out / "roc_confusion.png")
     if example is not None:
         plot_layer_centrality(example, out / "centrality_per_layer.png")
-    table = results_table(rows)
+    table = _scores_html(rows)
     problems = _problem_runs(sf)
-    runs_section = ""
+    unit = _unit(sf)
+    runs_section = costs = ""
     if verdicts is not None:
+        costs = _costs_html(sf, verdicts, unit)
         runs_section = (
-            "<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the DTG "
-            "features of its first k checkpoints, predicted by a model that did not see the run "
-            "(5-fold cross-validation); verdict: continue at P &ge; 0.5. Click a column to sort. "
+            "<h2>Every run: stop or continue?</h2><p>P(sufficient) of each run from the features of its "
+            "first k checkpoints, predicted by a model that did not see the run "
+            f"(5-fold cross-validation); verdict: stop below P = {STOP_BELOW}, no verdict at k = {sf.timesteps} "
+            "(the run has ended). Click a column to sort. "
             "Diverged runs are shaded yellow, runs left out grey.</p>" + runs_table_html(sf, verdicts) + _SORT_JS
         )
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -244,12 +353,15 @@ pre{{background:#f4f4f4;padding:1em}}table.sortable{{border-collapse:collapse;fo
 table.sortable th{{cursor:pointer;background:#eee;position:sticky;top:0}}
 table.sortable td,table.sortable th{{border:1px solid #ddd;padding:2px 6px}}
 td.stop{{color:#b00}}td.go{{color:#070}}tr.div{{background:#fff3d6}}tr.out{{background:#eee;color:#888}}
+table.scores{{border-collapse:collapse}}table.scores td,table.scores th{{border:1px solid #ddd;padding:3px 8px}}
+tr.best{{background:#e6f4e6;font-weight:bold}}div.box{{border:2px solid #2a6;padding:0 1em;margin:1em 0}}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
-<p>{len(sf.runs)} runs, {sf.timesteps} checkpoints each, alpha={sf.alpha}. Labels: final test
-accuracy at or above the sweep median is <b>sufficient</b>. Scores: mean and 95 % interval over
-repeated stratified 90/10 splits.</p>
-<pre>{html.escape(table)}</pre>
+{costs}
+<p>{len(sf.runs)} runs, {sf.timesteps} checkpoints each (one checkpoint = one {unit}), alpha={sf.alpha}.
+Labels: final test accuracy at or above the sweep median is <b>sufficient</b>. Scores: mean and
+95 % interval over repeated stratified 90/10 splits.</p>
+{table}
 {runs_section}
 <h2>Centrality statistics over training</h2><img src="statistics_over_training.png">
 <h2>How early can we tell?</h2><img src="precision_auc_vs_k.png">

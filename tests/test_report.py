@@ -53,14 +53,28 @@ def test_evaluate_writes_a_sortable_report_of_every_run(sweep, tmp_path, capsys)
         == 0
     )
     page = (out / "index.html").read_text()
-    table = page[page.index('<table class="sortable">') : page.index("</table>")]
+    start = page.index('<table class="sortable">')
+    table = page[start : page.index("</table>", start)]
     rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table)
     assert len(rows) == 1 + 12
     for row in rows[1:]:
         cells = re.findall(r'data-v="([^"]*)"[^>]*>([^<]*)<', row)
         p, verdict = float(cells[-2][0]), cells[-1][1]
-        assert 0 <= p <= 1 and verdict == ("continue" if p >= 0.5 else "stop")
+        assert 0 <= p <= 1 and verdict == ("continue" if p >= 0.3 else "stop")  # as dtg watch / predict
     assert "P(sufficient) k=3" in table and "addEventListener" in page
+    # the top box: what stopping at P < 0.3 costs, counted from the runs table itself
+    box = page[page.index('<div class="box">') : page.index("</div>")]
+    stops = sum(re.findall(r'data-v="([^"]*)"[^>]*>([^<]*)<', r)[-1][1] == "stop" for r in rows[1:])
+    m = re.search(r"stop (\d+) of (\d+) runs &rarr; <b>(\d+)% of the remaining 5-step intervals saved", box)
+    assert m and int(m[1]) == stops and int(m[2]) == 12 and int(m[3]) == round(100 * stops / 12)
+    labels = [re.findall(r'data-v="([^"]*)"', r)[5] for r in rows[1:]]
+    lost = sum(
+        lab == "sufficient" and re.findall(r'data-v="([^"]*)"[^>]*>([^<]*)<', r)[-1][1] == "stop"
+        for lab, r in zip(labels, rows[1:])
+    )
+    assert f"{lost} of the {labels.count('sufficient')} sufficient runs lost" in box
+    # scores: an HTML table with the best row marked, not a <pre> block
+    assert '<table class="scores">' in page and '<tr class="best">' in page and "<pre>" not in page
     for png in ("statistics_over_training.png", "precision_auc_vs_k.png", "roc_confusion.png"):
         assert (out / png).stat().st_size > 1000
 
@@ -94,4 +108,5 @@ def test_report_renders_in_a_real_browser(sweep, tmp_path):
         text=True,
         timeout=120,
     ).stdout
-    assert dom.count("<tr") == 1 + 12 and "Every run" in dom
+    assert dom.count("<tr") == 1 + 12 + 1 + 1 and "Every run" in dom  # runs, scores (header + one row)
+    assert "What acting on the verdicts costs" in dom
