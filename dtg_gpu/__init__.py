@@ -6,11 +6,8 @@ a small classifier. See the README and ``docs/method.md`` (the method, step by s
 
 from __future__ import annotations
 
-from ._native import native_status
-from .analysis import AnalysisResult, analyze, featurize
-from .centrality import EigenResult, eigenvector_centrality, solve_perron
-from .checkpoints import Run, load_state_dict
-from .evaluation import evaluate
+from typing import TYPE_CHECKING, Any
+
 from .exceptions import (
     CheckpointError,
     ConvergenceWarning,
@@ -26,11 +23,60 @@ from .exceptions import (
     UncoveredWeightsWarning,
     UnsafeCheckpointError,
 )
-from .features import temporal_features, temporal_reinforcement
-from .graph import BlockOperator, filter_norms
-from .predictor import PerformancePredictor, label_runs, split_runs
-from .statistics import STATISTICS, timestep_statistics
-from .topology import ChannelTopology, WeightLayer, channel_topology
+
+# The rest is imported when first used (PEP 562): ``import dtg_gpu`` and ``dtg --help`` do not
+# pay for torch until something needs it.
+_LAZY = {
+    "native_status": "._native",
+    "AnalysisResult": ".analysis",
+    "analyze": ".analysis",
+    "featurize": ".analysis",
+    "EigenResult": ".centrality",
+    "eigenvector_centrality": ".centrality",
+    "solve_perron": ".centrality",
+    "Run": ".checkpoints",
+    "load_state_dict": ".checkpoints",
+    "evaluate": ".evaluation",
+    "temporal_features": ".features",
+    "temporal_reinforcement": ".features",
+    "BlockOperator": ".graph",
+    "filter_norms": ".graph",
+    "PerformancePredictor": ".predictor",
+    "label_runs": ".predictor",
+    "split_runs": ".predictor",
+    "STATISTICS": ".statistics",
+    "timestep_statistics": ".statistics",
+    "ChannelTopology": ".topology",
+    "WeightLayer": ".topology",
+    "channel_topology": ".topology",
+}
+
+if TYPE_CHECKING:
+    from ._native import native_status
+    from .analysis import AnalysisResult, analyze, featurize
+    from .centrality import EigenResult, eigenvector_centrality, solve_perron
+    from .checkpoints import Run, load_state_dict
+    from .evaluation import evaluate
+    from .features import temporal_features, temporal_reinforcement
+    from .graph import BlockOperator, filter_norms
+    from .predictor import PerformancePredictor, label_runs, split_runs
+    from .statistics import STATISTICS, timestep_statistics
+    from .topology import ChannelTopology, WeightLayer, channel_topology
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'dtg_gpu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -264,3 +264,33 @@ def test_user_model_imports_from_the_working_folder(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     assert main(["analyze", str(folder), "--model", "mynet_for_cli:Net", "--json"]) == 0
     assert '"num_nodes": 9' in capsys.readouterr().out
+
+
+def test_dtg_help_does_not_import_torch():
+    """``dtg --help`` and every sub-command's help answer without importing torch (seconds under
+    load); ``import dtg_gpu`` loads the rest of the API when first used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "from dtg_gpu.cli.main import main\n"
+        "for argv in (['--help'], ['watch', '--help'], ['sweep', '--help'], ['analyze', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit as e:\n"
+        "            assert e.code == 0, argv\n"
+        "assert 'torch' not in sys.modules, 'torch imported by dtg --help'\n"
+        "import dtg_gpu\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert set(dtg_gpu.__all__) <= set(dir(dtg_gpu))\n"
+        "assert dtg_gpu.analyze.__module__ == 'dtg_gpu.analysis' and 'torch' in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        import dtg_gpu
+
+        dtg_gpu.nope  # noqa: B018
