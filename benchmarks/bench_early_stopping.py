@@ -225,7 +225,13 @@ def main() -> None:
     ap.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-early-stopping"))
     ap.add_argument("--quick", action="store_true", help="3 orderings, no curve")
     ap.add_argument("--only", nargs="*", default=None, help="methods to run (default: all)")
-    ap.add_argument("--curve", nargs="*", type=float, default=[0.1, 0.2, 0.3, 0.5])
+    ap.add_argument(
+        "--curve",
+        nargs="*",
+        type=float,
+        default=None,
+        help="min_probability points (default 0.1 0.2 0.3 0.5; none with --suite)",
+    )
     ap.add_argument("--curve-orderings", type=int, default=None, help="default: all the orderings")
     ap.add_argument(
         "--thresholds",
@@ -243,9 +249,10 @@ def main() -> None:
             ap.error("--suite needs --root ROOT (ROOT/NAME for each preset of the suite)")
         a.sweeps = [str(Path(a.root) / n) for n in SUITE]
         a.only = a.only or list(SUITE_METHODS)
-        a.curve = [] if a.curve == [0.1, 0.2, 0.3, 0.5] else a.curve
+        a.curve = a.curve or []
     elif not a.sweeps:
         ap.error("give SWEEP_DIR ... or --suite --root ROOT")
+    a.curve = [0.1, 0.2, 0.3, 0.5] if a.curve is None else a.curve
     n_orders = 3 if a.quick else a.orderings
     out = Path(a.out)
     results = {"orderings": n_orders, "date": time.strftime("%Y-%m-%d %H:%M"), "sweeps": {}}

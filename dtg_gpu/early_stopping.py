@@ -465,12 +465,9 @@ class StoppingRule:
             raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
         for name in ("patience", "n_startup_trials", "n_warmup_steps", "n_peers"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "patience" else 0):
-                raise ValueError(
-                    f"{name} must be a {'positive' if name == 'patience' else 'non-negative'} integer, got {v!r}"
-                )
-        if self.n_peers < 1:
-            raise ValueError(f"n_peers must be a positive integer, got {self.n_peers!r}")
+            positive = name in ("patience", "n_peers")
+            if isinstance(v, bool) or not isinstance(v, int) or v < int(positive):
+                raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} integer, got {v!r}")
         if not (
             self.threshold == "median"
             or _quantile_label(self.threshold)
@@ -609,7 +606,7 @@ class StoppingRule:
         if self._uses_values(k, values, [(None, None, v) for _, v in rows]):
             sign = 1.0 if self.direction == "maximize" else -1.0
             vals = np.array([sign * float(v[k - 1]) for _, v in rows])
-            p = 0.5 * (p + _share_below(sign * float(values[k - 1]), vals))  # type: ignore[index]
+            p = 0.5 * (p + _share_below(sign * float(values[k - 1]), vals))
         return p
 
     def _learned(self, records, values, finished) -> float | None:

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from ._files import atomic_write
+from .early_stopping import StoppingRule
 from .statistics import STATISTICS
 
 __all__ = ["write_report", "results_table", "acting_costs", "STOP_BELOW"]
 
 #: The verdict "stop" below this P(sufficient): the default ``min_probability`` of ``dtg watch``,
 #: ``dtg predict`` and :class:`~dtg_gpu.early_stopping.StoppingRule`.
-STOP_BELOW = 0.3
+STOP_BELOW: float = StoppingRule.min_probability
 
 
 def _plt():
