@@ -1,7 +1,7 @@
 """dtg_gpu: predict from a run's checkpoints whether it ends with sufficient accuracy.
 
 Checkpoints → channel graphs → batched eigenvector centrality → temporal statistics →
-a small classifier. See the README and ``docs/method.md`` (the method, step by step).
+a small classifier. See the README and `docs/method.md` (the method, step by step).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .exceptions import (
     UnsafeCheckpointError,
 )
 
-# The rest is imported when first used (PEP 562): ``import dtg_gpu`` and ``dtg --help`` do not
+# The rest is imported when first used (PEP 562): `import dtg_gpu` and `dtg --help` do not
 # pay for torch until something needs it.
 _LAZY = {
     "native_status": "._native",

@@ -1,6 +1,6 @@
 r"""The batched engine: (run, timestep) pairs → filter norms → Perron vectors, in chunks.
 
-Graphs of one architecture are solved together, ``[runs·T, …]`` at a time, in chunks
+Graphs of one architecture are solved together, `[runs·T, …]` at a time, in chunks
 sized to a memory budget; the next chunk's checkpoints are read in a background thread
 while the current chunk is solved, so reading files overlaps with compute.
 """
@@ -48,7 +48,7 @@ MIN_CHUNK_GRAPHS = 10  # a chunk of large graphs: a solve's fixed cost is per la
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` → CUDA when available, else CPU; anything else as given, validated."""
+    """`None` → CUDA when available, else CPU; anything else as given, validated."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = parse_device(device)
@@ -66,8 +66,8 @@ DEVICE_TYPES = ("cpu", "cuda", "mps")
 
 
 def parse_device(device: str | torch.device) -> torch.device:
-    """``device`` as a :class:`torch.device`, without asking whether this machine has it (a
-    Ray task may run elsewhere). Only devices that hold numbers: ``cpu``, ``cuda[:N]``, ``mps``."""
+    """`device` as a `torch.device`, without asking whether this machine has it (a
+    Ray task may run elsewhere). Only devices that hold numbers: `cpu`, `cuda[:N]`, `mps`."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -88,8 +88,8 @@ def _check_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @dataclass
 class SolvedGraphs:
-    """Per graph (``[G]`` rows, in the order asked): the centrality and its flags. The fields
-    every solved batch has, here and in :class:`~dtg_gpu.AnalysisResult`."""
+    """Per graph (`[G]` rows, in the order asked): the centrality and its flags. The fields
+    every solved batch has, here and in [`AnalysisResult`][dtg_gpu.AnalysisResult]."""
 
     centrality: torch.Tensor  # [G, N]
     eigenvalue: torch.Tensor  # [G]
@@ -112,17 +112,17 @@ class GraphBatchResult(SolvedGraphs):
 
 
 class GraphBlocks(NamedTuple):
-    """Filter-norm blocks of ``G`` graphs, each divided by its own power-of-two scale.
+    """Filter-norm blocks of `G` graphs, each divided by its own power-of-two scale.
 
     Attributes
     ----------
-    blocks : list of Tensor ``[G, out, C/groups]``
-        Per layer, in the compute dtype; graph ``g``'s largest edge weight lies in
-        ``[0.5, 1)`` (zero for an all-zero graph and for non-finite checkpoints).
-    finite : BoolTensor ``[G]``
+    blocks : list of Tensor `[G, out, C/groups]`
+        Per layer, in the compute dtype; graph `g`'s largest edge weight lies in
+        `[0.5, 1)` (zero for an all-zero graph and for non-finite checkpoints).
+    finite : BoolTensor `[G]`
         Every weight of the checkpoint was finite.
-    scale : Tensor ``[G]`` (float64)
-        ``2^e``: graph ``g``'s edge weights are ``blocks[l][g] · scale[g]`` exactly.
+    scale : Tensor `[G]` (float64)
+        `2^e`: graph `g`'s edge weights are `blocks[l][g] · scale[g]` exactly.
     """
 
     blocks: list
@@ -131,10 +131,10 @@ class GraphBlocks(NamedTuple):
 
 
 def _widen(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Weights on ``device`` in float32, or float64 when either they or ``dtype`` are: norms
+    """Weights on `device` in float32, or float64 when either they or `dtype` are: norms
     of float16/bfloat16 are never taken in their own narrow range, and float64 weights are
     not squeezed into float32 before they are scaled. Detached: parameters that require
-    grad (``dict(model.named_parameters())`` as a checkpoint) give plain results."""
+    grad (`dict(model.named_parameters())` as a checkpoint) give plain results."""
     wide = torch.float64 if torch.float64 in (t.dtype, dtype) else torch.float32
     return t.detach().to(device=device, non_blocking=True).to(wide)
 
@@ -142,24 +142,24 @@ def _widen(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.T
 def scaled_blocks(
     topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype
 ) -> GraphBlocks:
-    r"""Filter-norm blocks of ``G`` checkpoints, scaled per graph so no product can overflow.
+    r"""Filter-norm blocks of `G` checkpoints, scaled per graph so no product can overflow.
 
-    Eigenvector centrality does not depend on the scale of the weights: ``cA`` has the
-    eigenvectors of ``A``. Each graph is divided by ``2^e``, the power of two just above its
+    Eigenvector centrality does not depend on the scale of the weights: `cA` has the
+    eigenvectors of `A`. Each graph is divided by `2^e`, the power of two just above its
     largest edge weight (exact: only the exponent changes), so that a float32 solve sees
-    entries in ``[0, 1)`` whatever the checkpoint holds, from diverged runs (``|w| ≈ 1e17``
-    and beyond) to vanishing ones (``1e-20``). The norms themselves are taken without
-    overflow or underflow (:func:`~dtg_gpu.graph.wide_filter_norms`) and in float64 where
+    entries in `[0, 1)` whatever the checkpoint holds, from diverged runs (`|w| ≈ 1e17`
+    and beyond) to vanishing ones (`1e-20`). The norms themselves are taken without
+    overflow or underflow (`wide_filter_norms`) and in float64 where
     they leave the compute dtype's range, then scaled, then cast.
 
     Blocks of a checkpoint with any NaN/Inf weight are zeroed so that they cannot leak into
     the other graphs of the batch.
 
-    :func:`solve_timesteps` calls this in a background thread for the next chunk. The norms
+    `solve_timesteps` calls this in a background thread for the next chunk. The norms
     are taken checkpoint by checkpoint as the weights arrive (they come from
     separate files anyway) and only the blocks are stacked: stacking the raw weights first
     costs a copy of every weight (and as much memory again). Layers of
-    at most ``SMALL_LAYER`` weights are stacked first instead: for them the cost is per
+    at most `SMALL_LAYER` weights are stacked first instead: for them the cost is per
     operation, not per byte (LeNet-5: 1,920 checkpoints × 5 layers of tiny norms).
     """
     g_count = len(weights)
@@ -205,10 +205,10 @@ def scaled_blocks(
 def load_blocks(
     topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Filter-norm blocks ``[G, out, C/g]`` per layer of ``G`` checkpoints in the weights' own
-    units (for edge lists: :meth:`AnalysisResult.graph`), and their finiteness.
+    """Filter-norm blocks `[G, out, C/g]` per layer of `G` checkpoints in the weights' own
+    units (for edge lists: [`AnalysisResult.graph`][dtg_gpu.AnalysisResult.graph]), and their finiteness.
 
-    The solver uses :func:`scaled_blocks`; an edge weight beyond ``dtype``'s range is ``inf``
+    The solver uses `scaled_blocks`; an edge weight beyond `dtype`'s range is `inf`
     here. Blocks of a checkpoint with any NaN/Inf weight are zero.
     """
     gb = scaled_blocks(topology, weights, device, dtype)
@@ -216,9 +216,9 @@ def load_blocks(
 
 
 def _reachable_everywhere(op: BlockOperator, which: torch.Tensor) -> torch.Tensor:
-    """Exact connectivity of the positive-weight graphs ``which`` by reachability from node 0.
+    """Exact connectivity of the positive-weight graphs `which` by reachability from node 0.
 
-    ``r ← r ∨ (A r > 0)`` until nothing changes: with non-negative weights a node gains
+    `r ← r ∨ (A r > 0)` until nothing changes: with non-negative weights a node gains
     reach exactly when a positive edge joins it to a reached node. Costs one product per
     step of the graph's eccentricity (a few per layer), and runs only for graphs that hold
     an exactly-zero weight slice.
@@ -239,7 +239,7 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 
 def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -> int:
-    """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit ``budget`` bytes."""
+    """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit `budget` bytes."""
     item = torch.finfo(dtype).bits // 8
     sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
     # the next chunk's checkpoints while its blocks are built in the background, blocks
@@ -253,12 +253,12 @@ def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -
 def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dtype, budget: int | None = None) -> int:
     """Graphs per chunk: within the memory budget, and small enough that reading the next
     chunk overlaps with solving this one (about 4 chunks), but never below ~5 M edges
-    (batching small graphs is what makes them fast) nor below ``MIN_CHUNK_GRAPHS`` graphs.
+    (batching small graphs is what makes them fast) nor below `MIN_CHUNK_GRAPHS` graphs.
 
     The second floor is for large graphs: a batched solve costs thousands of small tensor
     ops per call (a few per layer per Lanczos step) whatever the batch holds, and on CPU
-    the batch is what ``bmm`` splits across threads. Measured on 2 cores
-    (``benchmarks/bench_filter_norms.py``, last table), a 10-checkpoint CIFAR VGG-16 run
+    the batch is what `bmm` splits across threads. Measured on 2 cores
+    (`benchmarks/bench_filter_norms.py`, last table), a 10-checkpoint CIFAR VGG-16 run
     analyses 17 % faster in float32 (3 % in float64) as one chunk than as chunks of 3, 3, 3
     and 1 with the next one read in the background; from a cold page cache the two are
     level (docs/benchmarks.md). Graphs under 500 k edges already have ≥ 10 per chunk."""
@@ -269,15 +269,15 @@ def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dt
 
 @dataclass(frozen=True)
 class Unit:
-    """Runs ``[start, stop)`` of one architecture's runs, solved together ``chunk`` graphs at
-    a time: the unit of work of :func:`plan_units` (one Ray task, one cache entry per run)."""
+    """Runs `[start, stop)` of one architecture's runs, solved together `chunk` graphs at
+    a time: the unit of work of `plan_units` (one Ray task, one cache entry per run)."""
 
     start: int
     stop: int
     chunk: int
 
     def chunks(self, k: int) -> list[range]:
-        """The unit's graphs ``(run - start)·k + t`` in solver chunks."""
+        """The unit's graphs `(run - start)·k + t` in solver chunks."""
         n = (self.stop - self.start) * k
         return [range(i, min(i + self.chunk, n)) for i in range(0, n, self.chunk)]
 
@@ -290,14 +290,14 @@ def plan_units(
     chunk_size: int | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> list[Unit]:
-    """Split ``n_runs`` runs of ``k`` checkpoints each (one architecture) into units of whole runs.
+    """Split `n_runs` runs of `k` checkpoints each (one architecture) into units of whole runs.
 
-    The plan depends only on ``(n_runs, k, topology, dtype, chunk_size, budget)``, never on
+    The plan depends only on `(n_runs, k, topology, dtype, chunk_size, budget)`, never on
     where or whether a unit runs: the local path, a Ray task and a resumed featurisation
     solve every graph in the same batch, so their results are bit-identical (a batched solve
     iterates until every graph of the batch converges, so a graph's last bits depend on
-    its batch). A unit holds ``chunk // k`` runs solved as one batch; when ``k`` graphs of one
-    run exceed the chunk (large models), a unit is one run solved ``chunk`` graphs at a time.
+    its batch). A unit holds `chunk // k` runs solved as one batch; when `k` graphs of one
+    run exceed the chunk (large models), a unit is one run solved `chunk` graphs at a time.
     """
     size = chunk_size or pipeline_chunk_size(topology, n_runs * k, dtype, budget_bytes)
     if size < k:
@@ -316,7 +316,7 @@ def iter_solve(
     max_iter: int,
     method: Method,
 ) -> Iterator[GraphBatchResult]:
-    """Solve the given chunks of ``(run, t)`` pairs one batch each, in order; results on the CPU.
+    """Solve the given chunks of `(run, t)` pairs one batch each, in order; results on the CPU.
 
     The next chunk's checkpoints are read (and their filter norms taken) in a background
     thread while this one is solved.
@@ -359,7 +359,7 @@ def iter_solve(
 
 
 def concat_results(parts: Sequence[GraphBatchResult]) -> GraphBatchResult:
-    """One :class:`GraphBatchResult` of several, rows in order."""
+    """One `GraphBatchResult` of several, rows in order."""
     fields: dict[str, Any] = {
         f: torch.cat([getattr(p, f) for p in parts]) if f != "error" else [e for p in parts for e in p.error]
         for f in GraphBatchResult.__dataclass_fields__
@@ -381,7 +381,7 @@ def solve_timesteps(
     warn: bool = True,
     progress=None,
 ) -> GraphBatchResult:
-    """Solve the graphs of ``(run, t)`` pairs that share ``topology``; results on the CPU."""
+    """Solve the graphs of `(run, t)` pairs that share `topology`; results on the CPU."""
     _check_dtype(dtype)
     items = list(items)
     size = chunk_size or pipeline_chunk_size(topology, len(items), dtype, budget_bytes)
@@ -426,7 +426,7 @@ def _names(items, mask) -> str:
 
 
 def warn_results(items, out: GraphBatchResult, stacklevel: int = 3) -> None:
-    """The non-finite, not-converged and disconnected graphs of ``out``, each kind in one warning."""
+    """The non-finite, not-converged and disconnected graphs of `out`, each kind in one warning."""
     unread = torch.tensor([e is not None for e in out.error], dtype=torch.bool)
     nonfinite = ~out.finite & ~unread  # unreadable checkpoints are reported by the caller
     if bool(nonfinite.any()):

@@ -1,11 +1,11 @@
 r"""Where a sweep's graphs are solved: units of whole runs, the cache, local or Ray.
 
-:func:`featurize_runs` is the work behind :func:`~dtg_gpu.featurize` and
-:func:`~dtg_gpu.workflow.featurize_sweep`. Runs are grouped by architecture; each group is
-split into units of whole runs (:func:`~dtg_gpu._engine.plan_units`); a unit whose runs all
-have a cache entry is read back (:mod:`~dtg_gpu.feature_cache`), the others are solved here
-(``executor="local"``: one pipelined pass, the next chunk read while this one solves) or as
-Ray tasks (``executor="ray"``: :mod:`dtg_gpu.integrations.ray_cluster`). Both paths solve
+`featurize_runs` is the work behind [`featurize`][dtg_gpu.featurize] and
+[`featurize_sweep`][dtg_gpu.workflow.featurize_sweep]. Runs are grouped by architecture; each group is
+split into units of whole runs (`plan_units`); a unit whose runs all
+have a cache entry is read back ([`feature_cache`][dtg_gpu.feature_cache]), the others are solved here
+(`executor="local"`: one pipelined pass, the next chunk read while this one solves) or as
+Ray tasks (`executor="ray"`: `dtg_gpu.integrations.ray_cluster`). Both paths solve
 the same batches with the same code, so their statistics are bit-identical for the same
 dtype and device type.
 """
@@ -67,8 +67,8 @@ class SolveSettings:
 
 @dataclass
 class UnitResult:
-    """A solved unit: one :class:`~dtg_gpu.feature_cache.CachedRun` per run, and per run the
-    ``k`` read errors (``None`` where the checkpoint was read)."""
+    """A solved unit: one [`CachedRun`][dtg_gpu.feature_cache.CachedRun] per run, and per run the
+    `k` read errors (`None` where the checkpoint was read)."""
 
     entries: list[CachedRun]
     errors: list[list[str | None]]
@@ -87,7 +87,7 @@ class Job:
 
 
 def unit_result(out: GraphBatchResult, n: int, topology: ChannelTopology, s: SolveSettings) -> UnitResult:
-    """Statistics ``[n, k, F]`` and flags of ``n`` runs' ``n·k`` solved graphs."""
+    """Statistics `[n, k, F]` and flags of `n` runs' `n·k` solved graphs."""
     k = s.k
     per = None
     if s.per_layer:
@@ -120,7 +120,7 @@ def _unit_chunks(runs: Sequence[Run], unit: Unit, k: int) -> list[list[tuple[Run
 def solve_unit(
     runs: Sequence[Run], unit: Unit, s: SolveSettings, device: torch.device, topology: ChannelTopology | None = None
 ) -> UnitResult:
-    """Solve one unit (its runs' first ``k`` checkpoints) as the plan says: what a Ray task runs."""
+    """Solve one unit (its runs' first `k` checkpoints) as the plan says: what a Ray task runs."""
     topo = topology or runs[0].topology
     if s.fold_batchnorm:
         topo = topo.folded  # a Ray task traces the architecture again: fold it there too
@@ -215,10 +215,10 @@ def featurize_runs(
     progress: bool = False,
     strict: bool = False,
 ) -> tuple[torch.Tensor, dict[int, str]]:
-    """Raw statistics ``[len(runs), k, F]`` of the grouped runs (other rows NaN) and, per row,
+    """Raw statistics `[len(runs), k, F]` of the grouped runs (other rows NaN) and, per row,
     why a run failed (a checkpoint could not be read, or its task failed).
 
-    ``device=None`` lets each Ray task choose its own (CUDA where its node has it); the local
+    `device=None` lets each Ray task choose its own (CUDA where its node has it); the local
     path resolves it before."""
     widths = {s.width(topo) for topo, _ in groups}
     width = widths.pop() if len(widths) == 1 else 5 + int(s.eigenvalue)
@@ -295,8 +295,8 @@ def _warn_jobs(jobs: Sequence[Job], k: int) -> None:
 
 
 def default_cache(runs: Any, cache: Any) -> FeatureCache | None:
-    """``cache``: ``None`` → the sweep folder's ``.dtg-cache`` when ``runs`` came from
-    :func:`~dtg_gpu.load_sweep` (else none); ``False`` → none; a path → that folder."""
+    """`cache`: `None` → the sweep folder's `.dtg-cache` when `runs` came from
+    [`load_sweep`][dtg_gpu.sweeps.load_sweep] (else none); `False` → none; a path → that folder."""
     from .feature_cache import CACHE_DIRNAME
 
     if cache is False:

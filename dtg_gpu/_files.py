@@ -1,14 +1,14 @@
 r"""Writing files so that a crash never leaves a half-written one, and reading paths that
 untrusted manifests name without leaving their folder.
 
-Every file the project writes goes through :func:`atomic_write`: the bytes go to a fresh
-temporary name in the same folder (unique per process, created ``0600`` by ``mkstemp``),
-are flushed and ``fsync``-ed, get the permissions a plain ``open`` would give under the
-process's umask, and are renamed over the target; the folder is ``fsync``-ed too. A reader
+Every file the project writes goes through `atomic_write`: the bytes go to a fresh
+temporary name in the same folder (unique per process, created `0600` by `mkstemp`),
+are flushed and `fsync`-ed, get the permissions a plain `open` would give under the
+process's umask, and are renamed over the target; the folder is `fsync`-ed too. A reader
 sees the old file or the new one, never a prefix, and two writers never share a temporary.
 
 What the path *is* is kept: a symbolic link is written through (its target gets the new
-content, the link stays a link); a FIFO or a character device (``/dev/null``, a terminal) is
+content, the link stays a link); a FIFO or a character device (`/dev/null`, a terminal) is
 written directly, since it cannot be replaced; any other special file and a folder are
 refused with one line. A temporary name never exceeds the file system's name limit, so a
 legal long name is written too.
@@ -52,7 +52,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _target(path: Path) -> tuple[Path, os.stat_result | None]:
-    """The file a write to ``path`` lands in (a symlink's final target) and its status."""
+    """The file a write to `path` lands in (a symlink's final target) and its status."""
     if str(path) in ("", "."):
         raise ValueError(f"{str(path)!r} is not a file name; name the file to write")
     try:
@@ -81,8 +81,8 @@ def _name_max(folder: Path) -> int:
 
 
 def _temp_prefix(name: str, suffix: str, folder: Path) -> str:
-    """``.NAME.`` for the temporary of ``name``, shortened to fit the name limit with the 8
-    random characters, ``.tmp`` and the suffix that ``mkstemp`` adds."""
+    """`.NAME.` for the temporary of `name`, shortened to fit the name limit with the 8
+    random characters, `.tmp` and the suffix that `mkstemp` adds."""
     room = _name_max(folder) - len(f"..12345678.tmp{suffix}".encode())
     if len(name.encode()) <= room:
         return f".{name}."
@@ -91,13 +91,13 @@ def _temp_prefix(name: str, suffix: str, folder: Path) -> str:
 
 
 def check_target(path: str | os.PathLike, *, what: str = "--out") -> Path:
-    """Check, before any work, that ``path`` can be written by :func:`atomic_write`: a file
+    """Check, before any work, that `path` can be written by `atomic_write`: a file
     name (not empty, not a folder, not a special file) in a folder that exists.
 
     Raises
     ------
     FileNotFoundError, IsADirectoryError, OSError, ValueError
-        One line naming ``what`` and the path.
+        One line naming `what` and the path.
     """
     path = Path(path)
     try:
@@ -125,7 +125,7 @@ def _write_direct(target: Path, data: Data) -> None:
 
 
 def atomic_write(path: str | os.PathLike, data: Data, *, mode: int = 0o666) -> Path:
-    r"""Write ``data`` to ``path`` through a temporary name and a rename.
+    r"""Write `data` to `path` through a temporary name and a rename.
 
     Parameters
     ----------
@@ -133,11 +133,11 @@ def atomic_write(path: str | os.PathLike, data: Data, *, mode: int = 0o666) -> P
         The target. Its folder must exist. A symbolic link is written through to its
         target; a FIFO or character device is written directly.
     data : str, bytes or callable
-        The content (``str`` is written as UTF-8), or ``write(tmp_path)`` that writes the
-        temporary file itself (``safetensors.save_file``, ``DataFrame.to_csv``, ...). The
-        temporary keeps ``path``'s suffix, so writers that infer a format from it work.
+        The content (`str` is written as UTF-8), or `write(tmp_path)` that writes the
+        temporary file itself (`safetensors.save_file`, `DataFrame.to_csv`, ...). The
+        temporary keeps `path`'s suffix, so writers that infer a format from it work.
     mode : int, default 0o666
-        Permissions before the umask, as for ``open``.
+        Permissions before the umask, as for `open`.
 
     Returns
     -------
@@ -146,13 +146,13 @@ def atomic_write(path: str | os.PathLike, data: Data, *, mode: int = 0o666) -> P
     Raises
     ------
     FileNotFoundError
-        The folder of ``path`` does not exist (the message names it).
+        The folder of `path` does not exist (the message names it).
     IsADirectoryError
-        ``path`` is a folder.
+        `path` is a folder.
     OSError
-        ``path`` is a special file other than a FIFO or character device, or the write
+        `path` is a special file other than a FIFO or character device, or the write
         failed (disk full, file size limit): the temporary is removed and any previous file
-        at ``path`` is left as it was.
+        at `path` is left as it was.
 
     Examples
     --------
@@ -200,15 +200,15 @@ def atomic_write(path: str | os.PathLike, data: Data, *, mode: int = 0o666) -> P
 
 
 def confined_path(folder: str | os.PathLike, name: object, *, what: str) -> Path:
-    """``folder / name`` for a ``name`` read from an untrusted manifest, refused unless it
-    stays inside ``folder`` once resolved (absolute paths, ``..`` and symlinks that lead
+    """`folder / name` for a `name` read from an untrusted manifest, refused unless it
+    stays inside `folder` once resolved (absolute paths, `..` and symlinks that lead
     out are refused).
 
     Raises
     ------
     CheckpointError
-        ``name`` is not a non-empty relative path string, or it leads outside ``folder``;
-        the message names ``what`` (the manifest and field) and the value, never whether a
+        `name` is not a non-empty relative path string, or it leads outside `folder`;
+        the message names `what` (the manifest and field) and the value, never whether a
         file exists there.
     """
     folder = Path(folder)

@@ -1,16 +1,16 @@
 r"""Many runs of one sequential CNN as a single grouped network, for fast sweeps.
 
-``m`` runs of a model made of ``Conv2d``, ``ReLU``, ``MaxPool2d``, ``Flatten``, ``Dropout`` and
-``Linear`` layers (LeNet-5, VGG without batch norm), all fed the same mini-batch, are one
-network: the first convolution stacks the ``m`` runs' filters along the output channels
-(``[B, m·C, H, W]``), later convolutions are grouped convolutions with ``groups = m`` (times
-the layer's own groups), and after ``Flatten`` the linear layers are batched matmuls
-``[m, B, F] @ [m, F, G]``. Every run keeps its own weights, learning rate and dropout rate;
+`m` runs of a model made of `Conv2d`, `ReLU`, `MaxPool2d`, `Flatten`, `Dropout` and
+`Linear` layers (LeNet-5, VGG without batch norm), all fed the same mini-batch, are one
+network: the first convolution stacks the `m` runs' filters along the output channels
+(`[B, m·C, H, W]`), later convolutions are grouped convolutions with `groups = m` (times
+the layer's own groups), and after `Flatten` the linear layers are batched matmuls
+`[m, B, F] @ [m, F, G]`. Every run keeps its own weights, learning rate and dropout rate;
 nothing mixes between runs, so a diverging run cannot spoil the others.
 
-On 2 CPU cores this is about 2× faster per run than ``torch.func.vmap`` over per-run
-mini-batches (one large convolution instead of ``m`` small ones) and, with channels-last
-activations, ``ReLU∘MaxPool`` evaluated as ``MaxPool`` then ``ReLU`` (they commute, and so
+On 2 CPU cores this is about 2× faster per run than `torch.func.vmap` over per-run
+mini-batches (one large convolution instead of `m` small ones) and, with channels-last
+activations, `ReLU∘MaxPool` evaluated as `MaxPool` then `ReLU` (they commute, and so
 do their gradients), faster still.
 """
 
@@ -28,8 +28,8 @@ _SUPPORTED = (nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Dropout, nn.Linea
 
 
 def sequential_layers(model: nn.Module) -> list[nn.Module] | None:
-    """The leaf modules of ``model`` in registration order, or ``None`` when any is not one
-    of the supported layer types (the caller then verifies that they compose to ``model``)."""
+    """The leaf modules of `model` in registration order, or `None` when any is not one
+    of the supported layer types (the caller then verifies that they compose to `model`)."""
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
     if not leaves or any(not isinstance(m, _SUPPORTED) for m in leaves):
         return None
@@ -39,21 +39,21 @@ def sequential_layers(model: nn.Module) -> list[nn.Module] | None:
 
 
 class GroupedSequential:
-    r"""``m`` same-architecture sequential CNNs evaluated as one grouped network.
+    r"""`m` same-architecture sequential CNNs evaluated as one grouped network.
 
     Parameters
     ----------
     models : sequence of nn.Module
         Same class and shapes; their parameters are copied (stacked) at construction.
     dropout : sequence of float
-        Per-run dropout rate used by every ``Dropout`` layer in training mode.
+        Per-run dropout rate used by every `Dropout` layer in training mode.
     example : Tensor
         A few inputs; the grouped forward is checked against the first two models on them.
 
     Attributes
     ----------
     params : dict[str, Tensor]
-        ``state_dict`` names → stacked ``[m, *shape]`` leaf tensors (``requires_grad``).
+        `state_dict` names → stacked `[m, *shape]` leaf tensors (`requires_grad`).
 
     Raises
     ------
@@ -118,7 +118,7 @@ class GroupedSequential:
             )
 
     def forward(self, x: torch.Tensor, train: bool = True) -> torch.Tensor:
-        r"""Logits ``[m, B, classes]`` of every run on the shared batch ``x``."""
+        r"""Logits `[m, B, classes]` of every run on the shared batch `x`."""
         m, p = self.m, self.params
         h = x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
         flat = x.dim() == 2  # [m, B, F] once flattened
@@ -183,5 +183,5 @@ class GroupedSequential:
         return F.max_pool2d(h, mod.kernel_size, mod.stride, mod.padding, mod.dilation, mod.ceil_mode)
 
     def state(self, j: int) -> dict[str, torch.Tensor]:
-        """Run ``j``'s parameters as a ``state_dict`` (detached views)."""
+        """Run `j`'s parameters as a `state_dict` (detached views)."""
         return {k: v.detach()[j] for k, v in self.params.items()}

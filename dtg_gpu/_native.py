@@ -1,9 +1,9 @@
 r"""The one compiled kernel: row norms on CPU at memory bandwidth (optional, built on first use).
 
-``torch.linalg.vector_norm(w, dim=-1)`` and ``torch.cdist`` reduce a short inner dimension (the
+`torch.linalg.vector_norm(w, dim=-1)` and `torch.cdist` reduce a short inner dimension (the
 9 weights of a 3×3 kernel slice) one row at a time, each row ending in a horizontal sum; on
 CPU that takes 2.0–4.9× the time of a plain read of the weights
-(``benchmarks/bench_filter_norms.py``). ``csrc/row_norms.c`` squares and sums eight rows at
+(`benchmarks/bench_filter_norms.py`). `csrc/row_norms.c` squares and sums eight rows at
 once in vector registers and takes their horizontal sums together (1.1–1.6× a read for 3×3
 slices). It is plain C99 with AVX2 intrinsics, no Python or torch headers, so it compiles in
 under a second with the system's C compiler; the library uses it when it can and otherwise
@@ -12,19 +12,19 @@ precision).
 
 How it is built and trusted
 ---------------------------
-* Compiled on the first CPU norm of a process (``cc -O3 -shared -fPIC``; ``$CC`` overrides),
-  at most once per process, never with ``-march=native``: the vector code is selected at run
+* Compiled on the first CPU norm of a process (`cc -O3 -shared -fPIC`; `$CC` overrides),
+  at most once per process, never with `-march=native`: the vector code is selected at run
   time from the CPU's flags, so a build shared between machines (a home directory on NFS, a
   Ray cluster) runs on each of them or reports itself unsupported.
-* Cached as ``<cache>/row_norms-<hash>.so``, the hash covering the source, the compile flags
-  and the platform; ``<cache>`` is ``$DTG_GPU_NATIVE_CACHE``, else
-  ``$XDG_CACHE_HOME/dtg_gpu``, else ``~/.cache/dtg_gpu``. The library is compiled under a
+* Cached as `<cache>/row_norms-<hash>.so`, the hash covering the source, the compile flags
+  and the platform; `<cache>` is `$DTG_GPU_NATIVE_CACHE`, else
+  `$XDG_CACHE_HOME/dtg_gpu`, else `~/.cache/dtg_gpu`. The library is compiled under a
   temporary name and renamed, so concurrent processes never load half a file. A cache folder
   or library that another user owns or can write is not loaded (a shared library is code):
   the kernel is then compiled into a private temporary folder for this process only.
-* ``DTG_GPU_NATIVE=0`` turns it off (torch's kernels everywhere). No compiler, a failed
+* `DTG_GPU_NATIVE=0` turns it off (torch's kernels everywhere). No compiler, a failed
   compile, a CPU without AVX2/FMA or another architecture all fall back silently;
-  :func:`native_status` says which kernel runs and why.
+  [`native_status`][dtg_gpu.native_status] says which kernel runs and why.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _cache_dir() -> Path:
 
 
 def _private(path: Path) -> bool:
-    """True when ``path`` is ours and nobody else can write it (always true off POSIX)."""
+    """True when `path` is ours and nobody else can write it (always true off POSIX)."""
     if not hasattr(os, "getuid"):
         return True
     st = os.stat(path, follow_symlinks=False)
@@ -92,7 +92,7 @@ def _compiler() -> list[str] | None:
 
 
 def _compile(cc: list[str], folder: Path, name: str) -> Path:
-    """Compile the kernel to ``folder/name`` via a temporary name and a rename."""
+    """Compile the kernel to `folder/name` via a temporary name and a rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     try:
@@ -126,7 +126,7 @@ def _bind(path: Path) -> dict[torch.dtype, Kernel]:
 
 
 def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
-    """Refuse a library that computes wrong norms (a miscompile, a foreign ``$CC``): a few
+    """Refuse a library that computes wrong norms (a miscompile, a foreign `$CC`): a few
     rows of every length class against sums of squares taken in Python."""
     for dtype, f in kernels.items():
         for k in (2, 9, 25, 37):
@@ -140,7 +140,7 @@ def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
 
 
 def library_name() -> str:
-    """``row_norms-<hash>.so``: the hash covers the source, the flags and the platform."""
+    """`row_norms-<hash>.so`: the hash covers the source, the flags and the platform."""
     parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode(), sys.platform.encode()]
     key = hashlib.sha256(b"\0".join(parts))
     return f"row_norms-{key.hexdigest()[:16]}.so"
@@ -193,16 +193,16 @@ def _kernels_loaded() -> dict[torch.dtype, Kernel] | None:
 def native_status() -> str:
     """Which kernel takes the filter norms on CPU in this process, and why.
 
-    The first call loads (or compiles, see :mod:`dtg_gpu._native` and ``docs/trust.md``) the
+    The first call loads (or compiles, see `dtg_gpu._native` and `docs/trust.md`) the
     compiled kernel; later calls return the same answer. Benchmarks print it beside their
     numbers.
 
     Returns
     -------
     str
-        ``"native kernel (<library path>)"`` when the compiled kernel is used, else the reason
-        it is not (``DTG_GPU_NATIVE=0``, no compiler, a failed compile, a CPU without AVX2/FMA,
-        another architecture) followed by ``": torch kernels"``.
+        `"native kernel (<library path>)"` when the compiled kernel is used, else the reason
+        it is not (`DTG_GPU_NATIVE=0`, no compiler, a failed compile, a CPU without AVX2/FMA,
+        another architecture) followed by `": torch kernels"`.
 
     Examples
     --------
@@ -216,25 +216,25 @@ def native_status() -> str:
 
 
 def native_row_norms(m: torch.Tensor, out: torch.Tensor) -> bool:
-    """Write ``‖m[r, :]‖₂`` into ``out[r]`` with the compiled kernel; False if it cannot.
+    """Write `‖m[r, :]‖₂` into `out[r]` with the compiled kernel; False if it cannot.
 
     Parameters
     ----------
-    m : Tensor ``[rows, k]``
-        Contiguous float32 or float64 on CPU, ``k ≥ 1``.
-    out : Tensor ``[rows]``
-        Contiguous, ``m``'s dtype, on CPU; written in place.
+    m : Tensor `[rows, k]`
+        Contiguous float32 or float64 on CPU, `k ≥ 1`.
+    out : Tensor `[rows]`
+        Contiguous, `m`'s dtype, on CPU; written in place.
 
     Returns
     -------
     bool
-        False (and ``out`` untouched) when the kernel is off or unavailable here, or the
+        False (and `out` untouched) when the kernel is off or unavailable here, or the
         tensors do not meet the above: the caller then uses torch's kernels.
 
     Notes
     -----
-    Rows are split over ``torch.get_num_threads()`` threads (ctypes releases the GIL) in
-    parts of at least ``ELEMENTS_PER_THREAD`` weights; a row's norm does not depend on the split.
+    Rows are split over `torch.get_num_threads()` threads (ctypes releases the GIL) in
+    parts of at least `ELEMENTS_PER_THREAD` weights; a row's norm does not depend on the split.
     """
     if not (
         m.device.type == "cpu"

@@ -1,23 +1,23 @@
 r"""The channel graph of a model whose layout only shapes can tell (transformers).
 
-:func:`~dtg_gpu.topology.channel_topology` first follows channels symbolically, with the
-channel dimension at position 1. Tensors laid out ``[batch, tokens, channels]`` and reshaped
+[`channel_topology`][dtg_gpu.channel_topology] first follows channels symbolically, with the
+channel dimension at position 1. Tensors laid out `[batch, tokens, channels]` and reshaped
 into attention heads (timm's ViT, Swin, MaxViT, MLP-Mixer) defeat that; for them this module
-runs the traced forward pass once on an example input (on the ``meta`` device when the model
+runs the traced forward pass once on an example input (on the `meta` device when the model
 lives there: no compute, no memory) and carries beside every value an integer tensor of its
-shape holding, per element, the channel node it belongs to (``-1``: none). Layout operations
-(reshape, permute, transpose, slicing, ``unbind``, ``cat``, ``roll``, padding, ...) are applied
+shape holding, per element, the channel node it belongs to (`-1`: none). Layout operations
+(reshape, permute, transpose, slicing, `unbind`, `cat`, `roll`, padding, ...) are applied
 to that id tensor as they are to the value, so channels are followed exactly through any
 rearrangement; the method's rules do the rest:
 
 - a conv/linear call is a weight layer; its input features must each carry one node (a
-  flatten of ``C × S`` positions in either order is the method's ``[out, C, S]`` view; the
-  columns of ``W`` are permuted to it), or all carry the same nodes: a linear on the token
+  flatten of `C × S` positions in either order is the method's `[out, C, S]` view; the
+  columns of `W` are permuted to it), or all carry the same nodes: a linear on the token
   dimension (MLP-Mixer token mixing), listed in the coverage and not graphed;
 - elementwise ops between operands whose channels correspond one to one merge them (residual
   addition, gates); a broadcast operand with fewer channels leaves the other as it is;
-- a product of two channel-carrying values (``q·kᵀ``) carries none; ``scores·v`` and
-  ``scaled_dot_product_attention`` carry ``v``'s;
+- a product of two channel-carrying values (`q·kᵀ`) carries none; `scores·v` and
+  `scaled_dot_product_attention` carry `v`'s;
 - any other op keeps the channels along dimensions it does not resize, and an op that
   resizes a dimension along which channels vary is an error that names it.
 """
@@ -142,7 +142,7 @@ def _has(ids) -> bool:
 
 
 def _broadcast(nodes: np.ndarray, shape, dim: int) -> torch.Tensor:
-    """Node ids ``nodes`` along ``dim`` of a tensor of ``shape``."""
+    """Node ids `nodes` along `dim` of a tensor of `shape`."""
     dim = dim % len(shape)
     view = [1] * len(shape)
     view[dim] = len(nodes)
@@ -150,7 +150,7 @@ def _broadcast(nodes: np.ndarray, shape, dim: int) -> torch.Tensor:
 
 
 def _per_feature(ids: torch.Tensor, dim: int) -> list[np.ndarray]:
-    """For each index along ``dim``: the distinct channel nodes (``>= 0``) found there."""
+    """For each index along `dim`: the distinct channel nodes (`>= 0`) found there."""
     cols = ids.movedim(dim, -1).reshape(-1, ids.shape[dim]).T.numpy()
     same = (cols == cols[:, :1]).all(1)
     return [
@@ -216,7 +216,7 @@ class _IdInterpreter(torch.fx.Interpreter):
         return None
 
     def _with_ids(self, a):
-        """``a`` with every tensor replaced by its id tensor (for layout ops)."""
+        """`a` with every tensor replaced by its id tensor (for layout ops)."""
         if isinstance(a, torch.fx.Node):
             v = self.env[a]
             i = self.ids.get(a)
@@ -241,8 +241,8 @@ class _IdInterpreter(torch.fx.Interpreter):
         return roots[inv]
 
     def _input_val(self, n: torch.fx.Node, ids: torch.Tensor, dim: int, layer: str) -> tuple[_Val | None, Any]:
-        """The channel nodes a layer reads along ``dim``: ``(value, permutation)``, or
-        ``(None, None)`` for a linear on the token dimension."""
+        """The channel nodes a layer reads along `dim`: `(value, permutation)`, or
+        `(None, None)` for a linear on the token dimension."""
         feats = _per_feature(self._canonical(ids), dim)
         sizes = np.array([len(f) for f in feats])
         if (sizes > 1).any():
@@ -457,7 +457,7 @@ class _IdInterpreter(torch.fx.Interpreter):
     def _rearranged(self, n: torch.fx.Node, src: torch.Tensor, result: torch.Tensor) -> torch.Tensor | None:
         """The op applied to the ids, when it only moves, copies or pads elements.
 
-        The op runs on two encodings of the ids (``id + 1`` and a random relabelling, ``0``
+        The op runs on two encodings of the ids (`id + 1` and a random relabelling, `0`
         for no channel); it is a rearrangement when both give whole numbers that decode to
         the same ids, which an op that computes with the values (a mean over channels, a
         norm) fails."""
@@ -544,9 +544,9 @@ class _IdInterpreter(torch.fx.Interpreter):
         return (_broadcast(out.cell.ids, result[0].shape, -1), None)
 
     def _packed_attention(self, n: torch.fx.Node, result) -> torch.Tensor:
-        """A wrapped attention function on a packed ``qkv`` weight and a ``proj`` weight
-        (torchvision's ``shifted_window_attention``): its q, k, v blocks and ``proj``, as
-        ``nn.MultiheadAttention``."""
+        """A wrapped attention function on a packed `qkv` weight and a `proj` weight
+        (torchvision's `shifted_window_attention`): its q, k, v blocks and `proj`, as
+        `nn.MultiheadAttention`."""
         sig = _PACKED_ATTENTION[n.target]
         bound = sig.bind(*n.args, **n.kwargs).arguments
         names = []
@@ -577,7 +577,7 @@ class _IdInterpreter(torch.fx.Interpreter):
 
 
 class _Columns:
-    """The effective weight ``W[:, perm]``: a linear's columns in the method's ``[out, C, S]`` order."""
+    """The effective weight `W[:, perm]`: a linear's columns in the method's `[out, C, S]` order."""
 
     def __init__(self, perm: torch.Tensor):
         self.perm = perm
@@ -590,7 +590,7 @@ class _Columns:
 
 
 def trace_with_shapes(model: nn.Module) -> ChannelTopology:
-    """The channel graph of ``model`` from one forward pass on an example input (see the
+    """The channel graph of `model` from one forward pass on an example input (see the
     module's description).
 
     Raises

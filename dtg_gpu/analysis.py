@@ -1,4 +1,4 @@
-r"""``analyze`` one run and ``featurize`` many: the public face of steps 2–4."""
+r"""`analyze` one run and `featurize` many: the public face of steps 2–4."""
 
 from __future__ import annotations
 
@@ -26,22 +26,22 @@ __all__ = ["AnalysisResult", "analyze", "featurize"]
 
 @dataclass
 class AnalysisResult(SolvedGraphs):
-    r"""Everything :func:`analyze` learns about one run.
+    r"""Everything [`analyze`][dtg_gpu.analyze] learns about one run.
 
     Attributes
     ----------
-    centrality : Tensor ``[T, N]``
+    centrality : Tensor `[T, N]`
         Eigenvector centrality per timestep, nodes in method step 2 order. NaN rows for
         checkpoints with non-finite weights.
-    eigenvalue, residual : Tensor ``[T]``
-        ``λ₁`` and the relative residual ``‖Ax − λx‖₂/λ``.
-    iterations : LongTensor ``[T]``
-    converged, finite, connected : BoolTensor ``[T]``
+    eigenvalue, residual : Tensor `[T]`
+        `λ₁` and the relative residual `‖Ax − λx‖₂/λ`.
+    iterations : LongTensor `[T]`
+    converged, finite, connected : BoolTensor `[T]`
         Solver converged; weights all finite; positive-weight graph connected (else the
         Perron vector is not unique).
-    stats : Tensor ``[T, 5]``
+    stats : Tensor `[T, 5]`
         Mean, std, median, skewness, kurtosis of each timestep (before smoothing).
-    features : Tensor ``[5·T]``
+    features : Tensor `[5·T]`
         Smoothed statistics, concatenated in time order.
     """
 
@@ -63,21 +63,21 @@ class AnalysisResult(SolvedGraphs):
         return blocks
 
     def graph(self, t: int):
-        """Timestep ``t`` as ``torch_geometric.data.Data(edge_index, edge_weight, num_nodes)``.
+        """Timestep `t` as `torch_geometric.data.Data(edge_index, edge_weight, num_nodes)`.
 
         Both directions of every edge, self-loops once, parallel edges summed. The weights
-        are re-read from checkpoint ``t``.
+        are re-read from checkpoint `t`.
         """
         return to_pyg(self.topology, self._blocks(t), 0)
 
     def to_networkx(self, t: int):
-        """Timestep ``t`` as a ``networkx.Graph`` with edge attribute ``"weight"``."""
+        """Timestep `t` as a `networkx.Graph` with edge attribute `"weight"`."""
         return _to_networkx(self.topology, self._blocks(t), 0)
 
     @property
     def coverage(self):
         """Every parameter of the model and its role in the graph (see
-        :meth:`~dtg_gpu.topology.ChannelTopology.coverage`)."""
+        [`coverage`][dtg_gpu.ChannelTopology.coverage])."""
         return self.topology.coverage()
 
     def table(self):
@@ -127,21 +127,21 @@ def analyze(
     alpha : float in (0, 1], default 0.5
         Temporal reinforcement constant (method step 4).
     device : str or torch.device, optional
-        ``None`` picks CUDA when available, else the CPU.
+        `None` picks CUDA when available, else the CPU.
     dtype : torch.float32 or torch.float64
     tol : float, default 1e-6
-        Relative residual ``‖Ax − λx‖₂/λ`` per graph (``method="networkx"``: NetworkX's
-        ``Σ|Δx| < N·tol``), floored at 32·eps of ``dtype`` (3.8e-6 in float32; the value
-        used is ``res.settings["effective_tol"]``). For float64 agreement with NetworkX to
-        1e-9, ask ``tol=1e-10``.
+        Relative residual `‖Ax − λx‖₂/λ` per graph (`method="networkx"`: NetworkX's
+        `Σ|Δx| < N·tol`), floored at 32·eps of `dtype` (3.8e-6 in float32; the value
+        used is `res.settings["effective_tol"]`). For float64 agreement with NetworkX to
+        1e-9, ask `tol=1e-10`.
     max_iter : int, default 1000
     method : {"auto", "lanczos", "networkx"}
     chunk_size : int, optional
         Timesteps solved together; by default sized to a 1 GiB working set.
     fold_batchnorm : bool, default False
         **Option beyond the method.** Edges from the inference-time weights of layers
-        followed by batch norm, :math:`\gamma/\sqrt{\sigma^2+\varepsilon}\cdot W` per output
-        channel (:meth:`~dtg_gpu.topology.ChannelTopology.fold_batchnorm`).
+        followed by batch norm, $\gamma/\sqrt{\sigma^2+\varepsilon}\cdot W$ per output
+        channel ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]).
 
     Returns
     -------
@@ -156,7 +156,14 @@ def analyze(
 
     Warns
     -----
-    NonFiniteWeightsWarning, ConvergenceWarning, DisconnectedGraphWarning
+    NonFiniteWeightsWarning
+        A checkpoint holds NaN or Inf weights: its centrality is NaN and `finite` is False.
+    ConvergenceWarning
+        The solver stopped at `max_iter` above `tol` for some checkpoint (`converged` False;
+        `residual` says how far).
+    DisconnectedGraphWarning
+        A graph is disconnected (or all zero): its Perron vector is not unique
+        (`connected` False).
 
     Examples
     --------
@@ -278,80 +285,80 @@ def featurize(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Temporal features of many runs, one row each.
 
-    ``features="spec"`` is the seed's method exactly: the five centrality statistics of each
-    of the first ``k`` checkpoints, smoothed, ``[len(runs), 5·k]``. The default,
-    ``features="default"``, is the recipe that gave the best verdict on the benchmark suite
-    (:data:`~dtg_gpu.features.FEATURE_RECIPES`): per-layer statistics and
-    :math:`\log\lambda_1` of the graph with batch norm folded (``per_layer``, ``eigenvalue``,
-    ``fold_batchnorm``), then the weight statistics of the ``k``-th checkpoint
-    (``weight_stats``). Each of these flags, when given, overrides the recipe's.
+    `features="spec"` is the seed's method exactly: the five centrality statistics of each
+    of the first `k` checkpoints, smoothed, `[len(runs), 5·k]`. The default,
+    `features="default"`, is the recipe that gave the best verdict on the benchmark suite
+    (`FEATURE_RECIPES`): per-layer statistics and
+    $\log\lambda_1$ of the graph with batch norm folded (`per_layer`, `eigenvalue`,
+    `fold_batchnorm`), then the weight statistics of the `k`-th checkpoint
+    (`weight_stats`). Each of these flags, when given, overrides the recipe's.
 
-    Runs that share an architecture are solved together, ``runs·k`` graphs per batch
+    Runs that share an architecture are solved together, `runs·k` graphs per batch
     (chunked to a memory budget).
 
     Parameters
     ----------
     runs : sequence of Run
     timesteps : int, optional
-        ``k``: use the first ``k`` checkpoints of each run (default: the shortest run's
+        `k`: use the first `k` checkpoints of each run (default: the shortest run's
         length).
     alpha, device, dtype, tol, max_iter, method, chunk_size
-        As in :func:`analyze`.
+        As in [`analyze`][dtg_gpu.analyze].
     progress : bool, default False
         Show a tqdm bar over graphs.
     return_stats : bool, default False
-        Also return the raw statistics ``[len(runs), k, F]`` (``F = 5`` by default).
+        Also return the raw statistics `[len(runs), k, F]` (`F = 5` by default).
     per_layer : bool, optional
         **Option beyond the method.** After the five statistics of the whole centrality vector,
         the five statistics of each layer's nodes (layers of at least 3 nodes, in node
-        order; see :func:`~dtg_gpu.statistics.layer_node_groups`): ``F = 5 + 5·L``. One
+        order; see `layer_node_groups`): `F = 5 + 5·L`. One
         global summary of a few hundred nodes hides which layer moved
-        (``benchmarks/results/prediction.md`` measures it). Every run must then have the
+        (`benchmarks/results/prediction.md` measures it). Every run must then have the
         same number of such layers.
     eigenvalue : bool, optional
-        **Option beyond the method.** Append :math:`\log\lambda_1` (the Perron eigenvalue of the
-        graph) as the last per-timestep statistic, smoothed like the others (``F + 1``).
-        The unit-norm centrality is blind to the scale of the weights (``cA`` has the
-        eigenvector of ``A``); :math:`\lambda_1` carries it.
+        **Option beyond the method.** Append $\log\lambda_1$ (the Perron eigenvalue of the
+        graph) as the last per-timestep statistic, smoothed like the others (`F + 1`).
+        The unit-norm centrality is blind to the scale of the weights (`cA` has the
+        eigenvector of `A`); $\lambda_1$ carries it.
     strict : bool, default False
-        ``False``: a run whose model cannot be traced or one of whose first ``k`` checkpoints
-        cannot be read gets a NaN row, and one :class:`~dtg_gpu.exceptions.FailedRunsWarning`
-        names every such run with its file and cause (``warning.failures``); the rest of the
-        sweep is computed. ``True``: the first such error is raised.
+        `False`: a run whose model cannot be traced or one of whose first `k` checkpoints
+        cannot be read gets a NaN row, and one [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning]
+        names every such run with its file and cause (`warning.failures`); the rest of the
+        sweep is computed. `True`: the first such error is raised.
     fold_batchnorm : bool, optional
         **Option beyond the method.** Edges from the inference-time weights of layers
-        followed by batch norm (:meth:`~dtg_gpu.topology.ChannelTopology.fold_batchnorm`).
+        followed by batch norm ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]).
     features : {"default", "spec"} or FeatureRecipe, default "default"
-        The recipe; ``per_layer``, ``eigenvalue``, ``fold_batchnorm`` and ``weight_stats``
-        left at ``None`` take its values.
+        The recipe; `per_layer`, `eigenvalue`, `fold_batchnorm` and `weight_stats`
+        left at `None` take its values.
     weight_stats : bool, optional
         **Baseline appended.** Mean, standard deviation and five quantiles of each weight
-        layer at the ``k``-th checkpoint (:func:`~dtg_gpu.baselines.weight_statistics`), after
+        layer at the `k`-th checkpoint ([`weight_statistics`][dtg_gpu.baselines.weight_statistics]), after
         the temporal features and before the covariates.
     covariates : sequence of str, default ()
         **Option beyond the method.** Hyper-parameters of each run, read from its
-        ``meta`` (``run.json``), appended after the temporal features in this order
-        (:func:`covariate_matrix`: learning rates and weight decay as ``log10``). A run
+        `meta` (`run.json`), appended after the temporal features in this order
+        ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]: learning rates and weight decay as `log10`). A run
         without one of them is a failed run (NaN row, named in the warning).
 
     Returns
     -------
-    Tensor ``[len(runs), F·k + W + len(covariates)]``, its ``column_blocks`` attribute the
+    Tensor `[len(runs), F·k + W + len(covariates)]`, its `column_blocks` attribute the
     widths of its feature sets (DTG, weight statistics, covariates; what
-    ``PerformancePredictor(blocks="auto")`` and :func:`~dtg_gpu.evaluate` read): ``F`` statistics per timestep (5 with
-    ``"spec"``; ``5 + 5·L + 1`` per layer with λ), ``W`` weight statistics (7 per weight layer,
-    0 without), the covariates (and the statistics with ``return_stats``). A run with
-    non-finite weights in its first ``k`` checkpoints has NaN features from that timestep
-    on; a run that failed (see ``strict``) has a NaN row.
+    `PerformancePredictor(blocks="auto")` and [`evaluate`][dtg_gpu.evaluate] read): `F` statistics per timestep (5 with
+    `"spec"`; `5 + 5·L + 1` per layer with λ), `W` weight statistics (7 per weight layer,
+    0 without), the covariates (and the statistics with `return_stats`). A run with
+    non-finite weights in its first `k` checkpoints has NaN features from that timestep
+    on; a run that failed (see `strict`) has a NaN row.
 
     Raises
     ------
     ValueError
-        No runs, ``alpha`` outside (0, 1], ``timesteps < 1``.
+        No runs, `alpha` outside (0, 1], `timesteps < 1`.
     InsufficientCheckpointsError
-        A run has fewer than ``k`` checkpoints (the message names it).
+        A run has fewer than `k` checkpoints (the message names it).
     CheckpointError, TopologyError
-        With ``strict=True``, a run that cannot be read.
+        With `strict=True`, a run that cannot be read.
     """
     feats, stats, failures = featurize_with_failures(
         runs,
@@ -377,10 +384,10 @@ def featurize(
 
 
 def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[str, list], **per_row: list):
-    """The tidy per-timestep table shared by :meth:`AnalysisResult.table` and
-    :meth:`~dtg_gpu.workflow.SweepFeatures.table` (pandas): one row per (run, t) with the
-    ``per_run`` columns (one value per run, repeated; ``t`` after the first), the five
-    statistics, the smoothed ones, then the ``per_row`` columns (one value per row)."""
+    """The tidy per-timestep table shared by [`AnalysisResult.table`][dtg_gpu.AnalysisResult.table] and
+    [`table`][dtg_gpu.AnalysisResult.table] (pandas): one row per (run, t) with the
+    `per_run` columns (one value per run, repeated; `t` after the first), the five
+    statistics, the smoothed ones, then the `per_row` columns (one value per row)."""
     import pandas as pd
 
     r, t = int(stats.shape[0]), int(stats.shape[1])
@@ -399,7 +406,7 @@ def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[
 
 
 def warn_failures(failures: dict[str, str], stacklevel: int = 2) -> None:
-    """One :class:`FailedRunsWarning` naming every failed run (nothing when there is none)."""
+    """One [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning] naming every failed run (nothing when there is none)."""
     if failures:
         lines = "; ".join(f"{name}: {why}" for name, why in list(failures.items())[:8])
         more = f" (and {len(failures) - 8} more)" if len(failures) > 8 else ""
@@ -435,10 +442,10 @@ def featurize_with_failures(
     features: str | FeatureRecipe = "default",
     weight_stats: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
-    """:func:`featurize`'s work: ``(features, statistics, failures)`` where ``failures`` maps
+    """[`featurize`][dtg_gpu.featurize]'s work: `(features, statistics, failures)` where `failures` maps
     the name of each run that could not be read or traced to the reason (its row is NaN).
 
-    ``executor``, ``address`` and ``cache`` as in :func:`~dtg_gpu.workflow.featurize_sweep`
+    `executor`, `address` and `cache` as in [`featurize_sweep`][dtg_gpu.workflow.featurize_sweep]
     (default here: no cache)."""
     recipe = feature_recipe(
         features, per_layer=per_layer, eigenvalue=eigenvalue, fold_batchnorm=fold_batchnorm, weight_stats=weight_stats
@@ -546,8 +553,8 @@ def featurize_with_failures(
 
 
 def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list[int], strict: bool) -> torch.Tensor:
-    """Weight statistics of checkpoint ``k`` for every run (NaN rows for failed runs; a run
-    that fails here is added to ``failures``)."""
+    """Weight statistics of checkpoint `k` for every run (NaN rows for failed runs; a run
+    that fails here is added to `failures`)."""
     from .baselines import weight_statistics
 
     rows: list[Any] = [None] * len(runs)
@@ -580,11 +587,11 @@ LOG_COVARIATES = ("lr", "learning_rate", "weight_decay", "wd")
 
 
 def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.Tensor, dict[int, str]]:
-    r"""The known hyper-parameters of each run: ``[len(runs), len(names)]`` (float64).
+    r"""The known hyper-parameters of each run: `[len(runs), len(names)]` (float64).
 
-    Each name is looked up in ``run.meta`` (a sweep's ``run.json``). Names in
-    :data:`LOG_COVARIATES` (learning rate, weight decay: rates that span decades) are taken as
-    :math:`\log_{10}` (``weight_decay = 0`` as ``-10``); others as they are (dropout, momentum,
+    Each name is looked up in `run.meta` (a sweep's `run.json`). Names in
+    `LOG_COVARIATES` (learning rate, weight decay: rates that span decades) are taken as
+    $\log_{10}$ (`weight_decay = 0` as `-10`); others as they are (dropout, momentum,
     batch size, seed).
 
     Returns
@@ -596,7 +603,7 @@ def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.T
     Raises
     ------
     ValueError
-        ``names`` is not a sequence of strings, or no run has one of them.
+        `names` is not a sequence of strings, or no run has one of them.
     """
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"covariates must be a list of run.json field names, got {names!r}")

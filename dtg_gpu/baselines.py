@@ -1,16 +1,16 @@
 r"""Baseline featurisers that plug into the same predictor and evaluation as DTG features.
 
-* :func:`weight_statistics` — Unterthiner et al. 2020, "Predicting Neural Network
+* [`weight_statistics`][dtg_gpu.baselines.weight_statistics] — Unterthiner et al. 2020, "Predicting Neural Network
   Accuracy from Weights": per weight layer, mean, std and the 0/25/50/75/100 % quantiles of
   the weights at the last checkpoint used. Data-free.
-* :func:`spectral_alpha` — WeightWatcher's headline metric (Martin & Mahoney): per weight
+* [`spectral_alpha`][dtg_gpu.baselines.spectral_alpha] — WeightWatcher's headline metric (Martin & Mahoney): per weight
   layer, the power-law exponent α of the empirical spectral density of the weight matrix
-  at the last checkpoint used. Data-free. Computed here with ``torch.linalg.svdvals`` and
-  the Clauset–Shalizi–Newman fit (continuous MLE, ``x_min`` by minimum KS distance), the
-  fit WeightWatcher does through the ``powerlaw`` package; the ``weightwatcher`` package
-  itself is not a dependency. A convolution's ``k×k`` slices ``W[:, :, i, j]`` (each
-  ``out×in``) pool their eigenvalues into one spectrum, as WeightWatcher does by default.
-* :func:`learning_curve` — validation accuracy at the checkpoints used (from ``run.json``).
+  at the last checkpoint used. Data-free. Computed here with `torch.linalg.svdvals` and
+  the Clauset–Shalizi–Newman fit (continuous MLE, `x_min` by minimum KS distance), the
+  fit WeightWatcher does through the `powerlaw` package; the `weightwatcher` package
+  itself is not a dependency. A convolution's `k×k` slices `W[:, :, i, j]` (each
+  `out×in`) pool their eigenvalues into one spectrum, as WeightWatcher does by default.
+* [`learning_curve`][dtg_gpu.baselines.learning_curve] — validation accuracy at the checkpoints used (from `run.json`).
   Needs data, which DTG does not: the upper reference a data-free method competes with.
 """
 
@@ -44,7 +44,7 @@ def _check(runs: Sequence[Run], k: int) -> None:
 
 
 def tensor_statistics(x: torch.Tensor) -> list[float]:
-    """Mean, std (``ddof=0``) and 0/25/50/75/100 % quantiles of one weight tensor; all NaN
+    """Mean, std (`ddof=0`) and 0/25/50/75/100 % quantiles of one weight tensor; all NaN
     when it holds a non-finite value."""
     x = x.detach().double().reshape(-1)
     if not torch.isfinite(x).all():
@@ -53,7 +53,7 @@ def tensor_statistics(x: torch.Tensor) -> list[float]:
 
 
 def weight_statistics(runs: Sequence[Run], timesteps: int) -> np.ndarray:
-    """``[runs, 7·layers]``: :func:`tensor_statistics` of each layer at checkpoint ``k``."""
+    """`[runs, 7·layers]`: `tensor_statistics` of each layer at checkpoint `k`."""
     _check(runs, timesteps)
     rows = []
     for run in runs:
@@ -63,10 +63,10 @@ def weight_statistics(runs: Sequence[Run], timesteps: int) -> np.ndarray:
 
 
 def layer_eigenvalues(w: torch.Tensor) -> torch.Tensor:
-    r"""Eigenvalues :math:`\lambda = \sigma^2` of a layer's weight matrix (or matrices).
+    r"""Eigenvalues $\lambda = \sigma^2$ of a layer's weight matrix (or matrices).
 
-    A ``Linear`` weight ``[out, in]`` is one matrix; a convolution ``[out, in/g, kh, kw]``
-    gives ``kh·kw`` matrices ``W[:, :, i, j]`` whose eigenvalues are pooled.
+    A `Linear` weight `[out, in]` is one matrix; a convolution `[out, in/g, kh, kw]`
+    gives `kh·kw` matrices `W[:, :, i, j]` whose eigenvalues are pooled.
     """
     w = w.detach().double()
     if w.dim() > 2:
@@ -77,7 +77,7 @@ def layer_eigenvalues(w: torch.Tensor) -> torch.Tensor:
 
 
 def powerlaw_alpha(eigenvalues: np.ndarray, min_tail: int = 5) -> float:
-    r"""α of :func:`powerlaw_fit` (the fitted exponent alone).
+    r"""α of `powerlaw_fit` (the fitted exponent alone).
 
     Examples
     --------
@@ -90,14 +90,14 @@ def powerlaw_alpha(eigenvalues: np.ndarray, min_tail: int = 5) -> float:
 
 
 def powerlaw_fit(eigenvalues: np.ndarray, min_tail: int = 5) -> tuple[float, float]:
-    r"""Exponent α of a power law :math:`p(\lambda) \propto \lambda^{-\alpha}` fitted to
-    the tail :math:`\lambda \ge x_{\min}` (Clauset, Shalizi & Newman 2009).
+    r"""Exponent α of a power law $p(\lambda) \propto \lambda^{-\alpha}$ fitted to
+    the tail $\lambda \ge x_{\min}$ (Clauset, Shalizi & Newman 2009).
 
-    For each candidate :math:`x_{\min}` (every eigenvalue leaving at least ``min_tail``
+    For each candidate $x_{\min}$ (every eigenvalue leaving at least `min_tail`
     values in the tail, or the smallest one when there are fewer) the continuous MLE is
-    :math:`\hat\alpha = 1 + n / \sum_i \ln(\lambda_i / x_{\min})`; the ``x_min`` with the
+    $\hat\alpha = 1 + n / \sum_i \ln(\lambda_i / x_{\min})$; the `x_min` with the
     smallest Kolmogorov–Smirnov distance between the tail's empirical CDF and
-    :math:`1 - (\lambda/x_{\min})^{1-\hat\alpha}` is kept. α is scale-free, so the
+    $1 - (\lambda/x_{\min})^{1-\hat\alpha}$ is kept. α is scale-free, so the
     eigenvalues need no normalisation.
 
     Returns
@@ -133,8 +133,8 @@ def powerlaw_fit(eigenvalues: np.ndarray, min_tail: int = 5) -> tuple[float, flo
 
 
 def spectral_alpha(runs: Sequence[Run], timesteps: int) -> np.ndarray:
-    """``[runs, layers]``: power-law exponent α of each weight layer's spectrum at checkpoint ``k``
-    (see :func:`powerlaw_alpha`; NaN for a layer with non-finite weights)."""
+    """`[runs, layers]`: power-law exponent α of each weight layer's spectrum at checkpoint `k`
+    (see `powerlaw_alpha`; NaN for a layer with non-finite weights)."""
     _check(runs, timesteps)
     rows = []
     for run in runs:
@@ -149,7 +149,7 @@ def spectral_alpha(runs: Sequence[Run], timesteps: int) -> np.ndarray:
 
 
 def learning_curve(runs: Sequence[Run], timesteps: int) -> np.ndarray:
-    """``[runs, k]``: validation accuracy at the first ``k`` checkpoints (needs ``run.json``)."""
+    """`[runs, k]`: validation accuracy at the first `k` checkpoints (needs `run.json`)."""
     _check(runs, timesteps)
     out = []
     for run in runs:

@@ -1,7 +1,7 @@
 r"""Eigenvector centrality of many graphs at once (method step 3).
 
 The centrality of a graph is the Perron vector of its symmetric non-negative adjacency
-``A``, scaled to unit Euclidean norm and non-negative:
+`A`, scaled to unit Euclidean norm and non-negative:
 
 .. math::
     A x = \lambda_1 x, \qquad \lVert x \rVert_2 = 1, \qquad x \ge 0 .
@@ -9,18 +9,18 @@ The centrality of a graph is the Perron vector of its symmetric non-negative adj
 Two solvers share one contract, and every graph of a batch is normalised and tested for
 convergence on its own:
 
-``method="lanczos"`` (the default, ``"auto"``)
+`method="lanczos"` (the default, `"auto"`)
     Explicitly restarted Lanczos with full re-orthogonalisation, batched over graphs.
-    Channel graphs are (nearly) bipartite, so ``-λ₁`` is (nearly) an eigenvalue too and a
+    Channel graphs are (nearly) bipartite, so `-λ₁` is (nearly) an eigenvalue too and a
     fixed shift converges slowly; Lanczos separates both ends of the spectrum in tens of
-    products. It stops on the true relative residual ``‖Ax − λx‖₂ / λ ≤ tol`` of each graph,
+    products. It stops on the true relative residual `‖Ax − λx‖₂ / λ ≤ tol` of each graph,
     computed with a fresh product (the first product of each restart).
-    Plain chains (LeNet-5, VGG) give bipartite graphs; for them Lanczos runs on ``C Cᵀ``
-    over one side and lifts the result (:class:`~dtg_gpu.graph.BipartiteSquare`), which
-    halves the products (``bipartite=False`` turns this off).
-``method="networkx"``
-    NetworkX's iteration step for step: ``x₀ = 1/N``, ``x ← (A + I) x / ‖(A + I) x‖₂``,
-    stop when ``Σ|x − x_prev| < N·tol``. Useful to compare the same algorithm.
+    Plain chains (LeNet-5, VGG) give bipartite graphs; for them Lanczos runs on `C Cᵀ`
+    over one side and lifts the result (`BipartiteSquare`), which
+    halves the products (`bipartite=False` turns this off).
+`method="networkx"`
+    NetworkX's iteration step for step: `x₀ = 1/N`, `x ← (A + I) x / ‖(A + I) x‖₂`,
+    stop when `Σ|x − x_prev| < N·tol`. Useful to compare the same algorithm.
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ class EigenResult:
 
     Attributes
     ----------
-    vector : Tensor ``[G, N]``
+    vector : Tensor `[G, N]`
         Unit-norm Perron vectors, sign chosen so the entries sum to ≥ 0 (padding is 0).
-    eigenvalue : Tensor ``[G]``
-        Rayleigh quotient ``xᵀAx``.
-    residual : Tensor ``[G]``
-        ``‖Ax − λx‖₂ / λ`` (0 for an all-zero graph).
-    iterations : LongTensor ``[G]``
-        Matrix–vector products (``lanczos``) or power steps (``networkx``) used. In the
-        bipartite form: products with ``C Cᵀ`` (each reads every block twice, as a product
-        with ``A`` does) plus one for the lift.
-    converged : BoolTensor ``[G]``
+    eigenvalue : Tensor `[G]`
+        Rayleigh quotient `xᵀAx`.
+    residual : Tensor `[G]`
+        `‖Ax − λx‖₂ / λ` (0 for an all-zero graph).
+    iterations : LongTensor `[G]`
+        Matrix–vector products (`lanczos`) or power steps (`networkx`) used. In the
+        bipartite form: products with `C Cᵀ` (each reads every block twice, as a product
+        with `A` does) plus one for the lift.
+    converged : BoolTensor `[G]`
     """
 
     vector: torch.Tensor
@@ -68,14 +68,14 @@ METHODS = ("auto", "lanczos", "networkx")
 
 
 def check_solver_args(tol: Any, max_iter: Any, method: Any) -> None:
-    """The solver's arguments, checked once for every entry point (:func:`solve_perron`,
-    :func:`~dtg_gpu.analyze`, :func:`~dtg_gpu.featurize`).
+    """The solver's arguments, checked once for every entry point ([`solve_perron`][dtg_gpu.solve_perron],
+    [`analyze`][dtg_gpu.analyze], [`featurize`][dtg_gpu.featurize]).
 
     Raises
     ------
     ValueError
-        ``tol`` not a positive number, ``max_iter`` not a positive integer, or an unknown
-        ``method``; the message names the argument and the value.
+        `tol` not a positive number, `max_iter` not a positive integer, or an unknown
+        `method`; the message names the argument and the value.
     """
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating)) or not tol > 0:
         raise ValueError(f"tol must be a positive number, got {tol!r}")
@@ -109,11 +109,11 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
     """Explicitly restarted Lanczos, batched over graphs, each stopped on its own residual.
 
     Every restart begins with a product that gives the restart vector's true relative
-    residual; a graph is done when it is ``<= tol``. A graph whose Ritz step fails on its
-    numbers (see :func:`_ritz`), or whose residual has not reached a new low for
-    ``STALL_RESTARTS`` restarts (the dtype's rounding floor on a large graph), stops
-    iterating with its last restart vector and its true residual, never ``converged``
-    unless that residual is ``<= tol``.
+    residual; a graph is done when it is `<= tol`. A graph whose Ritz step fails on its
+    numbers (see `_ritz`), or whose residual has not reached a new low for
+    `STALL_RESTARTS` restarts (the dtype's rounding floor on a large graph), stops
+    iterating with its last restart vector and its true residual, never `converged`
+    unless that residual is `<= tol`.
     """
     g_count, n = mask.shape
     dtype, device = matvec.dtype, mask.device
@@ -199,11 +199,11 @@ def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
 
 
 def _lanczos_bipartite(square, tol, max_iter, ncv) -> EigenResult:
-    """Lanczos on ``M = C Cᵀ`` (one colour), lifted to ``A``; see :class:`BipartiteSquare`.
+    """Lanczos on `M = C Cᵀ` (one colour), lifted to `A`; see `BipartiteSquare`.
 
-    ``M``'s relative residual is ``√2`` times ``A``'s for the lifted vector, so it stops at
-    ``√2·tol``; ``iterations`` counts each product with ``M`` (two block products per
-    layer, as one with ``A``) plus one for the lift, and stays within ``max_iter``.
+    `M`'s relative residual is `√2` times `A`'s for the lifted vector, so it stops at
+    `√2·tol`; `iterations` counts each product with `M` (two block products per
+    layer, as one with `A`) plus one for the lift, and stays within `max_iter`.
     """
     g_count = square.num_graphs
     mask = torch.ones(g_count, square.num_nodes, dtype=torch.bool, device=square.device)
@@ -216,20 +216,20 @@ def _lanczos_bipartite(square, tol, max_iter, ncv) -> EigenResult:
 
 
 def _ritz(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Largest eigenpair of each tridiagonal ``T = tridiag(beta, alpha, beta)``, in float64.
+    """Largest eigenpair of each tridiagonal `T = tridiag(beta, alpha, beta)`, in float64.
 
-    Eigenvalues by ``eigvalsh``, the top eigenvector by three steps of inverse iteration
-    (LU with pivoting is stable for it). ``eigh`` would do both, but LAPACK's
+    Eigenvalues by `eigvalsh`, the top eigenvector by three steps of inverse iteration
+    (LU with pivoting is stable for it). `eigh` would do both, but LAPACK's
     divide-and-conquer takes over above 25 × 25 and was 4–15× slower on batches of
     thousands of small tridiagonals.
 
     Never raises on the numbers: a tridiagonal with a non-finite entry, one on which
-    ``eigvalsh`` fails, or whose inverse iteration breaks down is reported in ``ok``
-    (``False``) with a NaN Ritz value, and the other graphs are unaffected.
+    `eigvalsh` fails, or whose inverse iteration breaks down is reported in `ok`
+    (`False`) with a NaN Ritz value, and the other graphs are unaffected.
 
     Returns
     -------
-    theta : Tensor ``[G]``, s : Tensor ``[G, k]``, ok : BoolTensor ``[G]``
+    theta : Tensor `[G]`, s : Tensor `[G, k]`, ok : BoolTensor `[G]`
     """
     a, b = alpha.double(), beta.double()
     g_count, k = a.shape
@@ -298,7 +298,7 @@ def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
 
 
 def _operator_scale(matvec, g_count: int, device) -> torch.Tensor:
-    """``[G]`` float64: the operator applies ``A / scale`` (``matvec.scale``), else ones."""
+    """`[G]` float64: the operator applies `A / scale` (`matvec.scale`), else ones."""
     scale = getattr(matvec, "scale", None)
     if scale is None:
         return torch.ones(g_count, dtype=torch.float64, device=device)
@@ -309,7 +309,7 @@ TOL_FLOOR_EPS = 32
 
 
 def attainable_tol(tol: float, dtype: torch.dtype) -> float:
-    """The residual tolerance actually used: ``max(tol, 32·eps(dtype))``.
+    """The residual tolerance actually used: `max(tol, 32·eps(dtype))`.
 
     A float32 product summed over thousands of terms carries a relative rounding error of
     about 1e-7…1e-6, so a float32 residual below ~4e-6 cannot be certified on graphs of
@@ -328,33 +328,33 @@ def solve_perron(
     ncv: int = 32,
     bipartite: bool | None = None,
 ) -> EigenResult:
-    r"""Perron vectors of ``G`` symmetric non-negative operators applied together.
+    r"""Perron vectors of `G` symmetric non-negative operators applied together.
 
     Parameters
     ----------
-    matvec : callable ``[G, N] → [G, N]``
-        Applies each graph's adjacency to its row; must expose ``.dtype``. Padding columns
-        (``mask`` False) must map to zero. An optional ``.scale`` (``[G]``) says that the
-        operator applies ``A / scale``: eigenvalues are reported in the units of ``A`` and
-        ``method="networkx"`` iterates with ``A + I`` exactly (as ``A/s + I/s``).
-    mask : BoolTensor ``[G, N]``
+    matvec : callable `[G, N] → [G, N]`
+        Applies each graph's adjacency to its row; must expose `.dtype`. Padding columns
+        (`mask` False) must map to zero. An optional `.scale` (`[G]`) says that the
+        operator applies `A / scale`: eigenvalues are reported in the units of `A` and
+        `method="networkx"` iterates with `A + I` exactly (as `A/s + I/s`).
+    mask : BoolTensor `[G, N]`
         Which columns are nodes of each graph (graphs of different sizes are padded).
     tol : float, default 1e-6
-        ``lanczos``: relative residual ``‖Ax − λx‖₂/λ``, floored at what the dtype can
-        certify (:func:`attainable_tol`: 3.8e-6 in float32, 7.1e-15 in float64).
-        ``networkx``: NetworkX's ``Σ|x − x_prev| < N·tol``, as given.
+        `lanczos`: relative residual `‖Ax − λx‖₂/λ`, floored at what the dtype can
+        certify (`attainable_tol`: 3.8e-6 in float32, 7.1e-15 in float64).
+        `networkx`: NetworkX's `Σ|x − x_prev| < N·tol`, as given.
     max_iter : int, default 1000
-        Matrix–vector products (``lanczos``) or power steps (``networkx``).
+        Matrix–vector products (`lanczos`) or power steps (`networkx`).
     method : {"auto", "lanczos", "networkx"}
     ncv : int, default 32
         Lanczos vectors kept per restart.
     bipartite : bool, optional
-        ``lanczos`` only. ``None`` (default): when ``matvec`` offers ``bipartite_square()``
-        (a :class:`~dtg_gpu.graph.BlockOperator` of a bipartite topology, such as LeNet-5
-        or VGG), run Lanczos on ``C Cᵀ`` over one colour and lift the result
-        (:class:`~dtg_gpu.graph.BipartiteSquare`): the same vector and the same certified
-        residual ``‖Ax − λx‖₂/λ`` in about half the products. ``False``: always on ``A``.
-        ``True``: require the squared form.
+        `lanczos` only. `None` (default): when `matvec` offers `bipartite_square()`
+        (a `BlockOperator` of a bipartite topology, such as LeNet-5
+        or VGG), run Lanczos on `C Cᵀ` over one colour and lift the result
+        (`BipartiteSquare`): the same vector and the same certified
+        residual `‖Ax − λx‖₂/λ` in about half the products. `False`: always on `A`.
+        `True`: require the squared form.
 
     Returns
     -------
@@ -415,43 +415,43 @@ def eigenvector_centrality(
     .. math::
         A x = \lambda_1 x,\quad A_{rc} = \sum_{e:\ (r, c) = \text{edge\_index}[:, e]} w_e
 
-    ``edge_index`` lists every stored entry of ``A``: an undirected graph lists both
-    directions of each edge (PyG's convention, see ``torch_geometric.utils.to_undirected``)
+    `edge_index` lists every stored entry of `A`: an undirected graph lists both
+    directions of each edge (PyG's convention, see `torch_geometric.utils.to_undirected`)
     and each self-loop once. Duplicate entries add.
 
     Parameters
     ----------
-    edge_index : LongTensor ``[2, E]``
-    edge_weight : Tensor ``[E]``, optional
+    edge_index : LongTensor `[2, E]`
+    edge_weight : Tensor `[E]`, optional
         Non-negative weights; ones if omitted.
     num_nodes : int, optional
-        Total number of nodes (``batch.numel()`` or ``edge_index.max() + 1`` if omitted).
-    batch : LongTensor ``[N]``, optional
-        Graph of each node, sorted (PyG's ``Batch.batch``). ``None``: one graph.
+        Total number of nodes (`batch.numel()` or `edge_index.max() + 1` if omitted).
+    batch : LongTensor `[N]`, optional
+        Graph of each node, sorted (PyG's `Batch.batch`). `None`: one graph.
     num_graphs : int, optional
         Number of graphs; saves a device sync.
     tol, max_iter, method
-        As in :func:`solve_perron`.
+        As in [`solve_perron`][dtg_gpu.solve_perron].
     dtype : torch.dtype, optional
-        Compute dtype (default: ``edge_weight``'s floating dtype, else float32).
+        Compute dtype (default: `edge_weight`'s floating dtype, else float32).
     validate_args : bool, default True
         Check the values of the input (node ids in range, weights finite and non-negative,
-        ``A`` symmetric, ``batch`` sorted, no empty graph, no edge between graphs). Each check
-        reads the device (about ten host syncs a call); ``False`` skips them for inputs known
-        to be valid (as ``torch.distributions``' ``validate_args``). Shapes are always checked.
+        `A` symmetric, `batch` sorted, no empty graph, no edge between graphs). Each check
+        reads the device (about ten host syncs a call); `False` skips them for inputs known
+        to be valid (as `torch.distributions`' `validate_args`). Shapes are always checked.
 
     Returns
     -------
-    centrality : Tensor ``[N]``
+    centrality : Tensor `[N]`
         Each graph's Perron vector, unit norm per graph, in node order.
     result : EigenResult
-        Per graph: ``eigenvalue``, ``residual``, ``iterations``, ``converged`` (``[G]``).
+        Per graph: `eigenvalue`, `residual`, `iterations`, `converged` (`[G]`).
 
     Raises
     ------
     ValueError
-        Malformed ``edge_index``/``edge_weight``/``batch``, negative weights, or a
-        non-symmetric ``A``.
+        Malformed `edge_index`/`edge_weight`/`batch`, negative weights, or a
+        non-symmetric `A`.
 
     Examples
     --------

@@ -2,13 +2,13 @@ r"""Checkpoints and runs: where the weights come from, loaded lazily and safely.
 
 A checkpoint is a state dict in memory or a file:
 
-* ``.safetensors`` (preferred: no code, and only the weight tensors are read);
-* ``.pt`` / ``.pth``: a ``torch.save``-d state dict, read with ``weights_only=True``;
-* ``.ckpt``: a Lightning checkpoint whose ``"state_dict"`` holds the model's tensors
-  (keys may carry the LightningModule attribute prefix, e.g. ``"model."``).
+* `.safetensors` (preferred: no code, and only the weight tensors are read);
+* `.pt` / `.pth`: a `torch.save`-d state dict, read with `weights_only=True`;
+* `.ckpt`: a Lightning checkpoint whose `"state_dict"` holds the model's tensors
+  (keys may carry the LightningModule attribute prefix, e.g. `"model."`).
 
 Nothing is unpickled that could execute code: such a file raises
-:class:`~dtg_gpu.exceptions.UnsafeCheckpointError`.
+[`UnsafeCheckpointError`][dtg_gpu.exceptions.UnsafeCheckpointError].
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ ALIAS_NAMES = ("last.pth.tar", "model_best.pth.tar", "last.pt", "last.pth", "bes
 
 
 def is_checkpoint_name(name: str) -> bool:
-    """A checkpoint file by its name: :data:`CHECKPOINT_SUFFIXES`, or timm's ``.pth.tar``."""
+    """A checkpoint file by its name: `CHECKPOINT_SUFFIXES`, or timm's `.pth.tar`."""
     low = name.lower()
     return low.endswith(CHECKPOINT_SUFFIXES) or low.endswith(".pth.tar")
 
 
 def _harmless_globals() -> list:
     """Globals that Lightning and plain training scripts put beside the weights and that
-    build nothing but data: ``argparse.Namespace`` hyper-parameters, NumPy scalars and dtypes."""
+    build nothing but data: `argparse.Namespace` hyper-parameters, NumPy scalars and dtypes."""
     import argparse
 
     import numpy as np
@@ -120,7 +120,7 @@ def _read_pickled_state(path: Path) -> Any:
 
 
 def _is_torchscript(path: Path) -> bool:
-    """A ``torch.jit.save`` zip: it holds ``constants.pkl`` and compiled ``code/``."""
+    """A `torch.jit.save` zip: it holds `constants.pkl` and compiled `code/`."""
     try:
         if not zipfile.is_zipfile(path):
             return False
@@ -135,9 +135,9 @@ _CODE_OPS = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOB
 
 
 def _pickle_globals(path: Path, limit: int = 64 << 20) -> list[str] | None:
-    """The globals a pickle stream would import, read with :mod:`pickletools` (which parses
-    and runs nothing); ``None`` when the file is no parseable pickle (random bytes, a
-    truncated file). A ``torch.save`` zip is read at its ``data.pkl``."""
+    """The globals a pickle stream would import, read with `pickletools` (which parses
+    and runs nothing); `None` when the file is no parseable pickle (random bytes, a
+    truncated file). A `torch.save` zip is read at its `data.pkl`."""
     import io
     import pickletools
 
@@ -175,10 +175,10 @@ def _is_state(obj: Any) -> bool:
 
 def _tensors_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     """The state dict inside a loaded checkpoint: the top level, or under one of
-    :data:`STATE_DICT_KEYS` (``{"model": sd, "optimizer": ..., "epoch": 3}``; DeepSpeed's
-    ``module``). Other top-level mappings of tensors (an EMA copy: timm's ``state_dict_ema``,
-    ``model_ema``) are there too, their keys prefixed with the mapping's name: ``prefix=
-    "state_dict_ema."`` (``--prefix``) analyses them."""
+    `STATE_DICT_KEYS` (`{"model": sd, "optimizer": ..., "epoch": 3}`; DeepSpeed's
+    `module`). Other top-level mappings of tensors (an EMA copy: timm's `state_dict_ema`,
+    `model_ema`) are there too, their keys prefixed with the mapping's name: `prefix=
+    "state_dict_ema."` (`--prefix`) analyses them."""
     if isinstance(obj, Mapping):
         for key in STATE_DICT_KEYS:
             inner = obj.get(key)
@@ -211,7 +211,7 @@ def _hash_mismatch(path: Path) -> CheckpointError:
 
 
 def _check_sha256(path: Path, sha256: str | None, data: bytes | None = None) -> None:
-    """Raise unless the file (or ``data``, its bytes already read) has the recorded hash."""
+    """Raise unless the file (or `data`, its bytes already read) has the recorded hash."""
     if sha256 is None:
         return
     if data is not None:
@@ -237,11 +237,11 @@ def load_state_dict(
     Parameters
     ----------
     path : path-like
-        ``.safetensors``, ``.pt``/``.pth``/``.bin`` or ``.ckpt``.
+        `.safetensors`, `.pt`/`.pth`/`.bin` or `.ckpt`.
     keys : iterable of str, optional
         Read only these tensors where the format allows it (safetensors).
     sha256 : str, optional
-        The file's recorded SHA-256 (``run.json``): checked before anything is used (a
+        The file's recorded SHA-256 (`run.json`): checked before anything is used (a
         small safetensors file is hashed from the bytes read, no second read).
 
     Returns
@@ -304,7 +304,7 @@ def load_state_dict(
 
 
 def _load_sharded(index: Path, keys: Iterable[str] | None) -> dict[str, torch.Tensor]:
-    """A sharded checkpoint: ``weight_map`` names the shard (inside the folder) of each tensor."""
+    """A sharded checkpoint: `weight_map` names the shard (inside the folder) of each tensor."""
     meta = read_manifest(index)
     wmap = meta.get("weight_map") if isinstance(meta, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(k, str) for k in wmap):
@@ -323,7 +323,7 @@ def _load_sharded(index: Path, keys: Iterable[str] | None) -> dict[str, torch.Te
 
 def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the tensors of a checkpoint file, read from its header where
-    the format has one (safetensors; zip ``torch.save`` files are memory-mapped), so that a
+    the format has one (safetensors; zip `torch.save` files are memory-mapped), so that a
     model can be checked against the file before anything is allocated for it."""
     path = Path(path)
     hf = _hf_weights(path) if path.is_dir() else None
@@ -354,8 +354,8 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 
 def _key(state: Mapping[str, Any], pre: str, p: str, aliases: Mapping[str, Sequence[str]]) -> str | None:
-    """The key of parameter ``p`` under prefix ``pre``: its own, else one of its tied names
-    (a checkpoint that ``safetensors.torch.save_model`` de-duplicated keeps one of them)."""
+    """The key of parameter `p` under prefix `pre`: its own, else one of its tied names
+    (a checkpoint that `safetensors.torch.save_model` de-duplicated keeps one of them)."""
     if pre + p in state:
         return pre + p
     return next((pre + a for a in aliases.get(p, ()) if pre + a in state), None)
@@ -368,11 +368,11 @@ def _with_prefix(
     label: str,
     aliases: Mapping[str, Sequence[str]] = {},
 ) -> str:
-    """The one key prefix under which ``state`` holds every parameter of ``params``.
+    """The one key prefix under which `state` holds every parameter of `params`.
 
-    ``""`` when the keys match exactly; otherwise the prefix (``model.``, ``module.``,
-    ``_orig_mod.``, a LightningModule attribute, ...) shared by all of them. Keys are never
-    matched one by one, so a missing weight is never filled from another copy (``ema.``).
+    `""` when the keys match exactly; otherwise the prefix (`model.`, `module.`,
+    `_orig_mod.`, a LightningModule attribute, ...) shared by all of them. Keys are never
+    matched one by one, so a missing weight is never filled from another copy (`ema.`).
     """
     if prefix is not None:
         missing = [p for p in params if _key(state, prefix, p, aliases) is None]
@@ -408,17 +408,17 @@ def load_weights(
     aliases: Mapping[str, Sequence[str]] | None = None,
     sha256: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The weights ``params`` of one checkpoint, validated against ``shapes`` (and, for a
-    file, against its recorded ``sha256`` when given).
+    """The weights `params` of one checkpoint, validated against `shapes` (and, for a
+    file, against its recorded `sha256` when given).
 
-    ``aliases`` maps a parameter to the other names of the same tensor in the model (tied
+    `aliases` maps a parameter to the other names of the same tensor in the model (tied
     weights): a checkpoint that stores it once, under any of them, is complete.
 
     Raises
     ------
     CheckpointError
         A weight is missing, ambiguous (several prefixes), not a floating-point tensor, or
-        has the wrong shape; the message names ``label`` (the file or checkpoint index) and
+        has the wrong shape; the message names `label` (the file or checkpoint index) and
         the parameter.
     """
     if isinstance(checkpoint, Mapping):
@@ -456,7 +456,7 @@ def load_weights(
 
 
 def read_manifest(path: Path) -> Any:
-    """A JSON manifest (``run.json``, ``sweep.json``), size-checked before it is read.
+    """A JSON manifest (`run.json`, `sweep.json`), size-checked before it is read.
 
     Raises
     ------
@@ -491,19 +491,19 @@ HF_WEIGHTS = (
     "pytorch_model.bin.index.json",
     "mp_rank_00_model_states.pt",  # DeepSpeed's global_stepN/ (weights under "module")
 )
-#: Checkpoint folders, numbered: Hugging Face's ``checkpoint-N``, accelerate's ``checkpoint_N``,
-#: DeepSpeed's ``global_stepN``.
+#: Checkpoint folders, numbered: Hugging Face's `checkpoint-N`, accelerate's `checkpoint_N`,
+#: DeepSpeed's `global_stepN`.
 CHECKPOINT_DIR = re.compile(r"(?:checkpoint[-_]|global_step)(\d+)")
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 def _hf_weights(folder: Path) -> Path | None:
-    """The weights file of a Hugging Face Trainer ``checkpoint-N`` folder, if any."""
+    """The weights file of a Hugging Face Trainer `checkpoint-N` folder, if any."""
     return next((folder / n for n in HF_WEIGHTS if (folder / n).is_file()), None)
 
 
 def _lightning_position(path: Path) -> tuple[int, int]:
-    """``(epoch, global_step)`` recorded inside a Lightning ``.ckpt`` (read memory-mapped,
+    """`(epoch, global_step)` recorded inside a Lightning `.ckpt` (read memory-mapped,
     tensors untouched)."""
     import torch.serialization as ts
 
@@ -529,8 +529,8 @@ _OTHER_COPY = ("ema", "swa", "averaged", "average", "teacher", "shadow")
 
 
 def _series_of(f: Path) -> str:
-    """A file's series: its name with every number replaced by ``*`` (``model_12.pt`` →
-    ``model_*.pt``, ``epoch3_ema.pt`` → ``epoch*_ema.pt``)."""
+    """A file's series: its name with every number replaced by `*` (`model_12.pt` →
+    `model_*.pt`, `epoch3_ema.pt` → `epoch*_ema.pt`)."""
     return re.sub(r"\d+", "*", f.name)
 
 
@@ -560,8 +560,8 @@ def _one_series(path: Path, files: list[Path]) -> list[Path]:
 
 
 def _lightning_nested(path: Path) -> Path | None:
-    """Where a Lightning run's checkpoints are when ``path`` is its ``version_N/`` (inside
-    ``checkpoints/``) or a ``lightning_logs/`` with one version; several versions are an
+    """Where a Lightning run's checkpoints are when `path` is its `version_N/` (inside
+    `checkpoints/`) or a `lightning_logs/` with one version; several versions are an
     error that lists them."""
     inner = path / "checkpoints"
     if inner.is_dir():
@@ -582,19 +582,19 @@ def _lightning_nested(path: Path) -> Path | None:
 
 
 def _scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
-    """Checkpoints of a folder without ``run.json``, in time order, never lexicographic:
+    """Checkpoints of a folder without `run.json`, in time order, never lexicographic:
 
-    * Hugging Face Trainer folders ``checkpoint-N/`` (``model.safetensors``, a sharded
-      ``model.safetensors.index.json``, or ``pytorch_model.bin``), by ``N``;
-    * Lightning ``*.ckpt`` files, by the ``(epoch, global_step)`` each file records
-      (``last.ckpt`` is dropped when it repeats another);
-    * else ``ckpt-*`` files, or every checkpoint file, by the numbers in their names
+    * Hugging Face Trainer folders `checkpoint-N/` (`model.safetensors`, a sharded
+      `model.safetensors.index.json`, or `pytorch_model.bin`), by `N`;
+    * Lightning `*.ckpt` files, by the `(epoch, global_step)` each file records
+      (`last.ckpt` is dropped when it repeats another);
+    * else `ckpt-*` files, or every checkpoint file, by the numbers in their names
       (natural order: 2 before 10). Names without a number are an error.
 
-    Files of several series (``model_N.pt`` beside ``ema_N.pt`` or ``optimizer_N.pt``,
-    ``epochN.pt`` beside ``epochN_ema.pt``) are never merged: the model's series is taken
+    Files of several series (`model_N.pt` beside `ema_N.pt` or `optimizer_N.pt`,
+    `epochN.pt` beside `epochN_ema.pt`) are never merged: the model's series is taken
     when the others are optimizer state or another copy of the weights (EMA, SWA), else an
-    error lists them. ``pattern`` (a glob such as ``"ema_*.pt"``) chooses the files.
+    error lists them. `pattern` (a glob such as `"ema_*.pt"`) chooses the files.
     """
 
     subdirs = [d for d in path.iterdir() if d.is_dir() and CHECKPOINT_DIR.fullmatch(d.name)]
@@ -640,7 +640,7 @@ def _scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
 
 
 def _check_meta(meta: Any, manifest: Path) -> dict:
-    """Validate the fields of ``run.json`` that the library reads; errors name file and field."""
+    """Validate the fields of `run.json` that the library reads; errors name file and field."""
     if not isinstance(meta, dict):
         raise CheckpointError(f"{manifest}: expected a JSON object, got {type(meta).__name__}")
     if "model" in meta and not (isinstance(meta["model"], str) and meta["model"]):
@@ -663,11 +663,11 @@ def _check_meta(meta: Any, manifest: Path) -> dict:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module a wrapper holds: ``torch.compile``'s ``OptimizedModule`` (``_orig_mod``),
-    ``DataParallel`` / ``DistributedDataParallel`` (``module``), and a container without a
-    ``forward`` of its own (a LightningModule that only holds ``self.model``) whose parameters
+    """The module a wrapper holds: `torch.compile`'s `OptimizedModule` (`_orig_mod`),
+    `DataParallel` / `DistributedDataParallel` (`module`), and a container without a
+    `forward` of its own (a LightningModule that only holds `self.model`) whose parameters
     all sit in one child. Checkpoints saved from the wrapper keep working: their key prefix
-    (``_orig_mod.``, ``module.``, ``model.``) is found and stripped when the weights are read.
+    (`_orig_mod.`, `module.`, `model.`) is found and stripped when the weights are read.
 
     Examples
     --------
@@ -709,21 +709,21 @@ class Run:
     Parameters
     ----------
     model : torch.nn.Module
-        The architecture (its own weights are not used; it may live on the ``meta`` device).
+        The architecture (its own weights are not used; it may live on the `meta` device).
     checkpoints : sequence of state dict or path
         In memory or on disk (loaded lazily, one at a time), in time order.
     name : str, optional
     meta : dict, optional
-        Anything known about the run (``final_accuracy``, ``lr``, ...). ``run.json``
-        for runs read with :meth:`from_dir`.
+        Anything known about the run (`final_accuracy`, `lr`, ...). `run.json`
+        for runs read with [`from_dir`][dtg_gpu.Run.from_dir].
     prefix : str, optional
-        Key prefix of the model's weights inside the checkpoints (``"ema."`` to analyse an
+        Key prefix of the model's weights inside the checkpoints (`"ema."` to analyse an
         EMA copy). Default: found per checkpoint: exact keys, else the one prefix
-        (``model.``, ``module.``, ``_orig_mod.``, a Lightning attribute) under which every
+        (`model.`, `module.`, `_orig_mod.`, a Lightning attribute) under which every
         weight is; several complete copies are an error that names them.
     fallback : bool, default False
         For a model that cannot be traced: chain its layers in registration order instead of
-        refusing it (see :func:`~dtg_gpu.topology.channel_topology`).
+        refusing it (see [`channel_topology`][dtg_gpu.channel_topology]).
 
     Examples
     --------
@@ -771,7 +771,7 @@ class Run:
 
     @property
     def final_accuracy(self) -> float | None:
-        """``final_accuracy`` (or ``test_accuracy``) of :attr:`meta`; None when absent.
+        """`final_accuracy` (or `test_accuracy`) of `meta`; None when absent.
 
         Raises
         ------
@@ -786,13 +786,13 @@ class Run:
         return float(acc)
 
     def label(self, t: int) -> str:
-        """How checkpoint ``t`` is named in messages: its file, or its index."""
+        """How checkpoint `t` is named in messages: its file, or its index."""
         c = self.checkpoints[t]
         return str(c) if not isinstance(c, Mapping) else f"run {self.name!r} checkpoint {t}"
 
     def recorded_sha256(self, t: int) -> str | None:
-        """The SHA-256 ``run.json`` records for checkpoint ``t`` (``dtg sweep`` writes one per
-        file), or ``None``: a file whose bytes differ is refused when it is read."""
+        """The SHA-256 `run.json` records for checkpoint `t` (`dtg sweep` writes one per
+        file), or `None`: a file whose bytes differ is refused when it is read."""
         listed = self.meta.get("checkpoints")
         c = self.checkpoints[t]
         if not isinstance(listed, list) or len(listed) != len(self.checkpoints) or isinstance(c, Mapping):
@@ -804,13 +804,13 @@ class Run:
         return sha if isinstance(sha, str) else None
 
     def weights(self, t: int, topology: ChannelTopology | None = None) -> dict[str, torch.Tensor]:
-        """The graph's weight tensors of checkpoint ``t``, validated against the model.
+        """The graph's weight tensors of checkpoint `t`, validated against the model.
 
-        Keyed by each layer's ``param``; a weight computed in the forward pass (weight
-        standardisation, LoRA's ``W + B·A``, batch norm folded in) is the *effective* weight,
-        computed from the checkpoint's tensors by the traced computation. ``topology``:
-        another layout of this run's model (:meth:`ChannelTopology.fold_batchnorm`); default
-        :attr:`topology`."""
+        Keyed by each layer's `param`; a weight computed in the forward pass (weight
+        standardisation, LoRA's `W + B·A`, batch norm folded in) is the *effective* weight,
+        computed from the checkpoint's tensors by the traced computation. `topology`:
+        another layout of this run's model ([`ChannelTopology.fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]); default
+        [`topology`][dtg_gpu.Run.topology]."""
         topo = self.topology if topology is None else topology
         shapes = topo.source_params
         label = self.label(t)
@@ -844,21 +844,21 @@ class Run:
     ) -> "Run":
         r"""Read a run folder.
 
-        With ``run.json`` (the sweep format, see docs/method.md): it names the model (``model`` and
-        ``model_kwargs``, built with :func:`dtg_gpu.models.build_model` on the ``meta``
+        With `run.json` (the sweep format, see docs/method.md): it names the model (`model` and
+        `model_kwargs`, built with [`dtg_gpu.models.build_model`][dtg_gpu.models.build_model] on the `meta`
         device, so no memory is spent before the checkpoint's shapes are checked) and its
-        ``checkpoints`` in time order. Every listed file must lie inside the folder
-        (absolute paths, ``..`` and symlinks out of it are refused). Without ``run.json``,
-        pass ``model``; the folder's checkpoint files (``ckpt-*`` if there are such) are
-        taken in the natural order of the numbers in their names (``ckpt-2`` before
-        ``ckpt-10``). Two series of files in one folder (``model_N.pt`` and ``ema_N.pt``)
-        are never merged: ``pattern`` (a glob, ``"ema_*.pt"``) chooses one, else the model's
+        `checkpoints` in time order. Every listed file must lie inside the folder
+        (absolute paths, `..` and symlinks out of it are refused). Without `run.json`,
+        pass `model`; the folder's checkpoint files (`ckpt-*` if there are such) are
+        taken in the natural order of the numbers in their names (`ckpt-2` before
+        `ckpt-10`). Two series of files in one folder (`model_N.pt` and `ema_N.pt`)
+        are never merged: `pattern` (a glob, `"ema_*.pt"`) chooses one, else the model's
         is taken where it is unambiguous.
 
         Raises
         ------
         CheckpointError
-            No such folder; an unreadable or malformed ``run.json`` (the message names the
+            No such folder; an unreadable or malformed `run.json` (the message names the
             field); a listed file missing or outside the folder; no checkpoints; names whose
             time order cannot be told; a model that does not match the first checkpoint.
         """

@@ -1,15 +1,15 @@
 r"""Datasets for seed-model sweeps, as in-memory tensors of 32×32 images.
 
-* ``digits`` (the offline default): scikit-learn's ``load_digits`` (1,797 8×8 images, no
+* `digits` (the offline default): scikit-learn's `load_digits` (1,797 8×8 images, no
   download), scaled to [0, 1] and resized to 32×32, with fixed seeded, stratified
   train / validation / test splits (70 / 15 / 15 %).
-* ``shapes`` (offline, procedural): 32×32 colour images of ten classes of shapes and
+* `shapes` (offline, procedural): 32×32 colour images of ten classes of shapes and
   textures (disk, square, triangle, ring, cross, stripes, checkerboard, concentric rings, two
   dots, ellipse) at a random position, size, angle and colour over a noisy gradient
   background; generated from a fixed seed (nothing is downloaded), 3,000 / 600 / 600 images.
   CIFAR-shaped, so VGG and ResNet train on it as on CIFAR-10, at small width on a CPU.
-* ``mnist``, ``cifar10``, ``cifar100``: torchvision's datasets read from a local
-  ``root``; downloaded only when ``download=True``. MNIST is padded from 28 to 32.
+* `mnist`, `cifar10`, `cifar100`: torchvision's datasets read from a local
+  `root`; downloaded only when `download=True`. MNIST is padded from 28 to 32.
   Validation is a fixed seeded 10 % of the training set.
 """
 
@@ -33,19 +33,19 @@ _SPLIT_SEED = 0
 
 
 def _key(name: str) -> str:
-    """``"CIFAR-10"``, ``"cifar_10"`` → ``"cifar10"``."""
+    """`"CIFAR-10"`, `"cifar_10"` → `"cifar10"`."""
     return str(name).lower().replace("-", "").replace("_", "")
 
 
 def _dataset_shape(name: str) -> tuple[int, int] | None:
-    """``(num_classes, in_channels)`` of a known dataset name, without loading it; ``None``
-    for a name :func:`load_dataset` does not know."""
+    """`(num_classes, in_channels)` of a known dataset name, without loading it; `None`
+    for a name `load_dataset` does not know."""
     return _SHAPES.get(_key(name))
 
 
 @dataclass
 class Dataset:
-    """Images ``[n, C, 32, 32]`` (float32) and labels ``[n]`` for each split."""
+    """Images `[n, C, 32, 32]` (float32) and labels `[n]` for each split."""
 
     name: str
     num_classes: int
@@ -93,8 +93,8 @@ SHAPES_CLASSES = (
 
 
 def make_shapes(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""``n`` procedural 32×32 RGB images in [-1, 1] and their labels (``n // 10`` or one more
-    of each class), the same bits for the same ``(n, seed)`` on every machine (NumPy's PCG64).
+    r"""`n` procedural 32×32 RGB images in [-1, 1] and their labels (`n // 10` or one more
+    of each class), the same bits for the same `(n, seed)` on every machine (NumPy's PCG64).
 
     Each image: a linear colour gradient background, one shape of its class (centre within
     the middle 12 pixels, radius 7–12, a random angle, a colour at least 0.5 away from
@@ -193,8 +193,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     ----------
     name : {"digits", "shapes", "mnist", "cifar10", "cifar100"}
     root : path, optional
-        Where torchvision datasets live (default ``./data``). Unused for ``digits`` and
-        ``shapes`` (built in memory).
+        Where torchvision datasets live (default `./data`). Unused for `digits` and
+        `shapes` (built in memory).
     download : bool, default False
         Let torchvision download a missing dataset (needs internet).
 
@@ -203,7 +203,7 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     ValueError
         Unknown name.
     DatasetNotFoundError
-        The dataset is not under ``root``: the message says where we looked and how to
+        The dataset is not under `root`: the message says where we looked and how to
         get it.
 
     Examples

@@ -1,4 +1,4 @@
-r"""The main job end to end (``dtg demo``): train the embedded digits sweep, featurise
+r"""The main job end to end (`dtg demo`): train the embedded digits sweep, featurise
 every run, evaluate the predictor early and on all checkpoints against baselines, and
 write a report."""
 
@@ -19,7 +19,7 @@ __all__ = ["demo_config", "run_demo"]
 
 def demo_config(quick: bool = False) -> SweepConfig:
     """The default digits LeNet-5 sweep: 8 lr × 4 dropout × 3 seeds = 96 runs, 20 epochs, a
-    checkpoint each epoch; ``quick``: 4 × 2 × 2 = 16 runs, 8 checkpoints."""
+    checkpoint each epoch; `quick`: 4 × 2 × 2 = 16 runs, 8 checkpoints."""
     if quick:
         return SweepConfig(
             model="lenet5",
@@ -54,10 +54,10 @@ def run_demo(
     echo=print,
     strict: bool = False,
 ) -> dict:
-    """Run the demo into ``out``; returns the results (also written to ``out/results.json``).
+    """Run the demo into `out`; returns the results (also written to `out/results.json`).
 
     It finishes on any sweep: runs that cannot be read or solved are named, left out of the
-    scores and listed in the report (``strict=True`` stops at the first instead)."""
+    scores and listed in the report (`strict=True` stops at the first instead)."""
     out = Path(out)
     started = time.time()
     cfg = demo_config(quick)

@@ -1,25 +1,25 @@
 r"""Early stopping from a run's checkpoints so far: the rule shared by the Optuna pruner
-(:mod:`dtg_gpu.integrations.optuna`), the Ray Tune scheduler and stopper
-(:mod:`dtg_gpu.integrations.ray_tune`) and ``dtg watch``.
+(`dtg_gpu.integrations.optuna`), the Ray Tune scheduler and stopper
+(`dtg_gpu.integrations.ray_tune`) and `dtg watch`.
 
-A checkpoint is summarised once, when it is written, by :func:`checkpoint_record`: the five
-centrality statistics of its graph (method step 4.1), :math:`\log\lambda_1`, the five statistics
+A checkpoint is summarised once, when it is written, by [`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record]: the five
+centrality statistics of its graph (method step 4.1), $\log\lambda_1$, the five statistics
 of each layer's nodes and the weight statistics of each layer: a few dozen numbers, JSON-able,
 stored beside the checkpoint. Decisions read only these records (and the values a run
 reported), so they are the same in any process and after a restart.
 
-At checkpoint ``k`` of a running trial, :class:`StoppingRule` turns the first ``k`` records
-into the method's temporal feature (:func:`~dtg_gpu.features.temporal_features`) and asks
-for :math:`P(\text{sufficient})`:
+At checkpoint `k` of a running trial, [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule] turns the first `k` records
+into the method's temporal feature ([`temporal_features`][dtg_gpu.temporal_features]) and asks
+for $P(\text{sufficient})$:
 
-* from a given :class:`~dtg_gpu.predictor.PerformancePredictor` (trained on an earlier sweep,
-  at its own ``k``), or
-* learned online from the finished runs of the same study: their first ``k`` records,
-  labelled by their final value against ``threshold`` (default: the median of the finished
+* from a given [`PerformancePredictor`][dtg_gpu.PerformancePredictor] (trained on an earlier sweep,
+  at its own `k`), or
+* learned online from the finished runs of the same study: their first `k` records,
+  labelled by their final value against `threshold` (default: the median of the finished
   runs' final values, in the study's direction); a standardised, L2-regularised logistic
   regression, refitted only when a run finishes.
 
-A run is stopped when :math:`P < ` ``min_probability`` at ``patience`` consecutive checks. A
+A run is stopped when $P <$ `min_probability` at `patience` consecutive checks. A
 run whose weights are no longer finite is stopped at once: SGD does not come back from NaN.
 """
 
@@ -65,7 +65,7 @@ def _as_array(x) -> np.ndarray:
 
 
 def _statistics_blocks(stats: torch.Tensor, layout: StatisticsLayout) -> list[dict]:
-    """Per timestep of ``stats [T, F]`` (per-layer and eigenvalue layout): the record's
+    """Per timestep of `stats [T, F]` (per-layer and eigenvalue layout): the record's
     graph statistics, JSON-able."""
     spec, layers, lam = layout.split(stats.double())
     assert layers is not None and lam is not None  # run_records asks for both
@@ -89,7 +89,7 @@ def _records_from_stats(
 
 
 def run_records(run, device=None, start: int = 0) -> list[dict]:
-    """The :func:`checkpoint_record` of each checkpoint of ``run`` from ``start`` on, solved as
+    """The [`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record] of each checkpoint of `run` from `start` on, solved as
     one batch.
 
     Raises
@@ -141,12 +141,12 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
 def many_run_records(
     runs: Sequence, starts: Sequence[int], device=None, weight_stats: bool = True
 ) -> list[list[dict] | str]:
-    """:func:`run_records` of many runs at once: runs of one architecture with the same
-    number of new checkpoints are solved as one batch (as :func:`~dtg_gpu.featurize`
+    """[`run_records`][dtg_gpu.early_stopping.run_records] of many runs at once: runs of one architecture with the same
+    number of new checkpoints are solved as one batch (as [`featurize`][dtg_gpu.featurize]
     batches a sweep), instead of one solve per run. Each entry is the run's records, or the
-    reason (a string) why they could not be made. ``weight_stats=False``: the records' weight
-    statistics are ``None`` (half the time of a pass goes to their quantiles; a rule that
-    does not read them, :attr:`StoppingRule.needs_weight_stats`, skips them).
+    reason (a string) why they could not be made. `weight_stats=False`: the records' weight
+    statistics are `None` (half the time of a pass goes to their quantiles; a rule that
+    does not read them, [`StoppingRule.needs_weight_stats`][dtg_gpu.early_stopping.StoppingRule.needs_weight_stats], skips them).
     """
     from ._engine import READ_ERRORS
     from .analysis import featurize_with_failures
@@ -213,7 +213,7 @@ def many_run_records(
 
 
 def architecture_key(signature: Sequence) -> str:
-    """A short hash of :func:`~dtg_gpu.predictor.architecture_signature` (what each checkpoint
+    """A short hash of [`architecture_signature`][dtg_gpu.feature_cache.architecture_signature] (what each checkpoint
     record carries, so a predictor of another architecture is refused)."""
     import hashlib
     import json
@@ -236,12 +236,12 @@ def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] 
     Returns
     -------
     dict
-        ``dtg`` (the five statistics of the centrality vector), ``log_eigenvalue``
-        (:math:`\log\lambda_1`), ``per_layer`` (the five statistics of each layer's nodes, see
-        :func:`~dtg_gpu.statistics.layer_node_groups`), ``weight_stats`` (mean, std and five
-        quantiles of each weight layer). Non-finite numbers are ``None`` (JSON-able). When the
-        network has batch norm to fold (see ``featurize(fold_batchnorm=True)``), ``folded``
-        holds ``dtg``, ``per_layer`` and ``log_eigenvalue`` of the graph of its
+        `dtg` (the five statistics of the centrality vector), `log_eigenvalue`
+        ($\log\lambda_1$), `per_layer` (the five statistics of each layer's nodes, see
+        `layer_node_groups`), `weight_stats` (mean, std and five
+        quantiles of each weight layer). Non-finite numbers are `None` (JSON-able). When the
+        network has batch norm to fold (see `featurize(fold_batchnorm=True)`), `folded`
+        holds `dtg`, `per_layer` and `log_eigenvalue` of the graph of its
         inference-time effective weights too (a second solve).
 
     Examples
@@ -277,11 +277,11 @@ def feature_vector(
     values: Sequence[float | None] | None = None,
     fold_batchnorm: bool = False,
 ) -> np.ndarray:
-    """The feature of a run's first ``k`` checkpoint records: the method's temporal feature
-    (``5·k`` numbers for ``"dtg"``), then the weight statistics of checkpoint ``k``
-    (``"dtg+weight_stats"``), then the first ``k`` reported values when ``values`` is given.
-    ``fold_batchnorm``: the graph statistics of the records' ``folded`` block where they
-    have one (a network with batch norm to fold), as ``featurize(fold_batchnorm=True)``.
+    """The feature of a run's first `k` checkpoint records: the method's temporal feature
+    (`5·k` numbers for `"dtg"`), then the weight statistics of checkpoint `k`
+    (`"dtg+weight_stats"`), then the first `k` reported values when `values` is given.
+    `fold_batchnorm`: the graph statistics of the records' `folded` block where they
+    have one (a network with batch norm to fold), as `featurize(fold_batchnorm=True)`.
 
     Examples
     --------
@@ -312,7 +312,7 @@ def feature_vector(
 
 
 def _quantile_label(x: Any) -> bool:
-    """``"q0.75"``: sufficient = in the best 25 % of the finished runs (as ``label_runs``)."""
+    """`"q0.75"`: sufficient = in the best 25 % of the finished runs (as `label_runs`)."""
     if not isinstance(x, str) or not x.startswith("q"):
         return False
     try:
@@ -333,16 +333,16 @@ def is_diverged(records: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def peer_score(records: Sequence[Mapping[str, Any]], k: int) -> float | None:
-    r"""What a run's first ``k`` checkpoint records say before any run has finished: the growth
+    r"""What a run's first `k` checkpoint records say before any run has finished: the growth
     of its graph's leading eigenvalue since the first checkpoint,
-    :math:`\log\lambda_1(k) - \log\lambda_1(1)`.
+    $\log\lambda_1(k) - \log\lambda_1(1)$.
 
     A run that learns makes the weights that carry its signal larger, and the spectral radius
     of the channel graph with them; a run whose learning rate is too small for it to learn
     barely moves it. On the eight sweeps of the benchmark suite the best run's score stayed
     in the upper 57 % of all runs' at every checkpoint from the second on
-    (``benchmarks/results/early_stopping_suite.md``). ``None`` before the second checkpoint
-    (nothing has grown yet); ``-inf`` when the eigenvalue is not finite (a diverged run).
+    (`benchmarks/results/early_stopping_suite.md`). `None` before the second checkpoint
+    (nothing has grown yet); `-inf` when the eigenvalue is not finite (a diverged run).
 
     Examples
     --------
@@ -358,7 +358,7 @@ def peer_score(records: Sequence[Mapping[str, Any]], k: int) -> float | None:
 
 
 def _share_below(x: float, others: np.ndarray) -> float:
-    """The share of ``others`` below ``x``, ties counted half (a percentile rank in [0, 1])."""
+    """The share of `others` below `x`, ties counted half (a percentile rank in [0, 1])."""
     return float(((others < x).sum() + 0.5 * (others == x).sum()) / len(others))
 
 
@@ -380,60 +380,60 @@ RULE_PARAMS = (
 
 
 def rule_params(scope: Mapping[str, Any]) -> dict[str, Any]:
-    """The :data:`RULE_PARAMS` of a front end's ``__init__`` (its ``locals()``)."""
+    """The `RULE_PARAMS` of a front end's `__init__` (its `locals()`)."""
     return {k: scope[k] for k in RULE_PARAMS}
 
 
 @dataclass
 class StoppingRule:
-    r"""Stop a run when :math:`P(\text{sufficient})` stays below ``min_probability``.
+    r"""Stop a run when $P(\text{sufficient})$ stays below `min_probability`.
 
     Parameters
     ----------
     predictor : PerformancePredictor, optional
-        Used as is, at its own ``feature_settings`` (``timesteps``, ``alpha``, ``eigenvalue``,
-        ``per_layer``); before a run has that many checkpoints it is not judged. ``None``:
+        Used as is, at its own `feature_settings` (`timesteps`, `alpha`, `eigenvalue`,
+        `per_layer`); before a run has that many checkpoints it is not judged. `None`:
         learn online from the finished runs.
     features : str, default "dtg_per_layer"
-        One of :data:`FEATURE_SETS` (online learning only). The default adds the five
+        One of `FEATURE_SETS` (online learning only). The default adds the five
         statistics of each layer's nodes to the method's five of the whole graph (an option
-        beyond the method, as in ``featurize(per_layer=True)``): on the replayed digits LeNet-5 sweep
+        beyond the method, as in `featurize(per_layer=True)`): on the replayed digits LeNet-5 sweep
         the global statistics alone let the pruner save 12 % of the compute, per-layer ones
-        55 % (``benchmarks/results/early_stopping.md``).
+        55 % (`benchmarks/results/early_stopping.md`).
     threshold : "median", "qX" or float, default "median"
-        What *sufficient* means for a finished run: its final value at least (``maximize``)
-        or at most (``minimize``) this; ``"median"``: the median of the finished runs;
-        ``"q0.75"``: their 75th percentile in the study's direction (the best quarter is
-        sufficient), as in :func:`~dtg_gpu.predictor.label_runs`.
+        What *sufficient* means for a finished run: its final value at least (`maximize`)
+        or at most (`minimize`) this; `"median"`: the median of the finished runs;
+        `"q0.75"`: their 75th percentile in the study's direction (the best quarter is
+        sufficient), as in [`label_runs`][dtg_gpu.label_runs].
     direction : {"maximize", "minimize"}
     min_probability : float, default 0.3
     patience : int, default 1
-        Consecutive checks below ``min_probability`` before stopping.
+        Consecutive checks below `min_probability` before stopping.
     n_startup_trials : int, default 10
         Finished runs needed (with both labels among them) before anything is stopped.
     n_warmup_steps : int, default 0
         Checkpoints at steps below this are never judged.
     use_values : bool or "auto", default "auto"
-        Append the values the run reported at its first ``k`` checkpoints to the feature
-        (validation accuracy or loss: data). ``"auto"``: when the run and every finished run
-        used for training reported one at each of those checkpoints; ``False``: data-free.
+        Append the values the run reported at its first `k` checkpoints to the feature
+        (validation accuracy or loss: data). `"auto"`: when the run and every finished run
+        used for training reported one at each of those checkpoints; `False`: data-free.
     alpha : float, default 0.5
         Temporal reinforcement constant (the method).
     fold_batchnorm : bool, default False
         Learn from the graph of the inference-time effective weights (batch norm folded
-        into the layer before it, as ``featurize(fold_batchnorm=True)``) where the records
-        hold one (:func:`checkpoint_record`); a network without batch norm to fold is
-        unaffected. A given ``predictor`` uses its own ``feature_settings`` instead.
+        into the layer before it, as `featurize(fold_batchnorm=True)`) where the records
+        hold one ([`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record]); a network without batch norm to fold is
+        unaffected. A given `predictor` uses its own `feature_settings` instead.
     warm_start : bool, default True
-        Before the finished runs can teach anything (fewer than ``n_startup_trials``, or one
+        Before the finished runs can teach anything (fewer than `n_startup_trials`, or one
         label only), compare the run with its peers at the same checkpoint, as Optuna's
-        ``MedianPruner`` compares values: its probability is the share of the other runs
-        that have reached checkpoint ``k`` whose :func:`peer_score` is below its own (with
-        the reported value too when ``use_values`` holds: the mean of the two shares).
-        ``False``: nothing is stopped before the online model exists (the rule of
+        `MedianPruner` compares values: its probability is the share of the other runs
+        that have reached checkpoint `k` whose [`peer_score`][dtg_gpu.early_stopping.peer_score] is below its own (with
+        the reported value too when `use_values` holds: the mean of the two shares).
+        `False`: nothing is stopped before the online model exists (the rule of
         dtg_gpu 0.x).
     n_peers : int, default 5
-        Runs at checkpoint ``k`` needed for a peer comparison.
+        Runs at checkpoint `k` needed for a peer comparison.
     C : float, default 1.0
         Inverse L2 strength of the online logistic regression.
     """
@@ -509,7 +509,7 @@ class StoppingRule:
 
     # ------------------------------------------------------------------ labels
     def labels(self, finals: np.ndarray) -> tuple[np.ndarray, float]:
-        """``(y, cut)``: 1 for a sufficient final value. When ties at the cut would make every
+        """`(y, cut)`: 1 for a sufficient final value. When ties at the cut would make every
         run sufficient (most runs stuck at chance accuracy, the median among them), the runs at
         the cut are insufficient."""
         finals = np.asarray(finals, dtype=float)
@@ -557,20 +557,20 @@ class StoppingRule:
         finished: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None, float]],
         peers: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None]] = (),
     ) -> float | None:
-        r""":math:`P(\text{sufficient})` of a running run after its ``len(records)`` checkpoints.
+        r"""$P(\text{sufficient})$ of a running run after its `len(records)` checkpoints.
 
         Parameters
         ----------
         records : sequence of dict
-            The run's :func:`checkpoint_record` s, in time order.
+            The run's [`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record] s, in time order.
         values : sequence of float or None, optional
             The value it reported at each of those checkpoints (None where it did not).
-        finished : sequence of ``(key, records, values, final_value)``
-            The finished runs to learn from (online mode); ``key`` identifies a run (its fit
+        finished : sequence of `(key, records, values, final_value)`
+            The finished runs to learn from (online mode); `key` identifies a run (its fit
             is cached while the set of finished runs does not change).
-        peers : sequence of ``(key, records, values)``, optional
+        peers : sequence of `(key, records, values)`, optional
             The other runs of the study in any state (running, stopped, finished), for the
-            warm start (``warm_start``); the finished ones count as peers too.
+            warm start (`warm_start`); the finished ones count as peers too.
 
         Returns
         -------
@@ -670,9 +670,9 @@ class StoppingRule:
 
     # ----------------------------------------------------------------- decision
     def should_stop(self, history: Sequence[float | None], diverged: bool = False) -> bool:
-        """Stop after ``patience`` consecutive probabilities below ``min_probability``, or at
-        once when the run's latest weights are not finite (``diverged``, see
-        :func:`is_diverged`)."""
+        """Stop after `patience` consecutive probabilities below `min_probability`, or at
+        once when the run's latest weights are not finite (`diverged`, see
+        `is_diverged`)."""
         if diverged:
             return True
         tail = list(history)[-self.patience :]

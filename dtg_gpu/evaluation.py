@@ -1,8 +1,8 @@
 r"""Evaluation over repeated stratified 90/10 splits (method step 5).
 
-The test split of a ~100-run sweep holds ~10 runs, so one split is noise: ``evaluate``
-repeats the seeded split ``R`` times and reports each metric's mean with a 95 % Student-t
-interval, :math:`\bar m \pm t_{0.975, R-1}\, s / \sqrt R`, clipped to [0, 1].
+The test split of a ~100-run sweep holds ~10 runs, so one split is noise: `evaluate`
+repeats the seeded split `R` times and reports each metric's mean with a 95 % Student-t
+interval, $\bar m \pm t_{0.975, R-1}\, s / \sqrt R$, clipped to [0, 1].
 """
 
 from __future__ import annotations
@@ -57,17 +57,17 @@ def summarize(values) -> dict[str, Any]:
 
 
 def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1, positive: Any = 1) -> dict[str, Any]:
-    r"""Fit a fresh clone of ``clf`` on ``repeats`` stratified splits and score each.
+    r"""Fit a fresh clone of `clf` on `repeats` stratified splits and score each.
 
     Parameters
     ----------
     clf : classifier
-        Any scikit-learn classifier with ``predict_proba`` (cloned for every split).
-    X : array-like ``[runs, d]``
-    y : array-like ``[runs]``
+        Any scikit-learn classifier with `predict_proba` (cloned for every split).
+    X : array-like `[runs, d]`
+    y : array-like `[runs]`
     repeats : int, default 20
     seed : int, default 0
-        Split ``r`` uses ``random_state = seed + r``; a ``clf`` with a ``random_state``
+        Split `r` uses `random_state = seed + r`; a `clf` with a `random_state`
         parameter gets the same.
     test_size : float, default 0.1
         Fraction of each class tested (the method: 10 %); at least one run per class.
@@ -77,19 +77,19 @@ def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1
     Returns
     -------
     dict
-        ``scores[m]`` for ``m`` in :data:`METRICS`: ``mean``, ``std``, ``ci_low``,
-        ``ci_high``, ``n``, ``values``. Precision, recall, F1 and accuracy are those of the
-        classifier's decisions (``predict``); ``roc_auc`` and ``average_precision`` (the area
+        `scores[m]` for `m` in `METRICS`: `mean`, `std`, `ci_low`,
+        `ci_high`, `n`, `values`. Precision, recall, F1 and accuracy are those of the
+        classifier's decisions (`predict`); `roc_auc` and `average_precision` (the area
         under the precision-recall curve of the sufficient class, scikit-learn's step-wise
-        :math:`\sum_n (R_n - R_{n-1}) P_n`) rank the test runs by ``predict_proba`` and do not
+        $\sum_n (R_n - R_{n-1}) P_n$) rank the test runs by `predict_proba` and do not
         depend on the decision cut. Both are NaN for a split whose test set holds one class.
-        Also ``confusion_matrix`` (summed over splits, rows = true [insufficient,
-        sufficient]), ``roc`` (pooled test scores for a curve) and ``repeats``.
+        Also `confusion_matrix` (summed over splits, rows = true [insufficient,
+        sufficient]), `roc` (pooled test scores for a curve) and `repeats`.
 
     Raises
     ------
     ValueError
-        Fewer than 2 runs of a class, or ``repeats < 1``.
+        Fewer than 2 runs of a class, or `repeats < 1`.
     """
     blocks = getattr(X, "column_blocks", None)  # featurize's feature sets, for PerformancePredictor(blocks="auto")
     X = np.asarray(X, dtype=float)

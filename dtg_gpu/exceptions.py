@@ -42,7 +42,7 @@ class TopologyError(DTGError, ValueError):
 
 
 class InsufficientCheckpointsError(DTGError, ValueError):
-    """A run holds fewer checkpoints than requested (e.g. ``timesteps=k``)."""
+    """A run holds fewer checkpoints than requested (e.g. `timesteps=k`)."""
 
 
 class DatasetNotFoundError(DTGError, FileNotFoundError):
@@ -56,7 +56,7 @@ class SweepLockedError(DTGError, RuntimeError):
 class SweepFailedError(DTGError, RuntimeError):
     """Some runs of a sweep could not be trained (their tasks failed); every other run was.
 
-    ``failures`` maps each such run's name to the reason. Rerunning the sweep trains only the
+    `failures` maps each such run's name to the reason. Rerunning the sweep trains only the
     runs that are not complete."""
 
     def __init__(self, message: str, failures: dict[str, str] | None = None):
@@ -69,7 +69,7 @@ class DTGWarning(UserWarning):
 
 
 class ConvergenceWarning(DTGWarning):
-    """Some graphs did not reach the requested tolerance within ``max_iter``."""
+    """Some graphs did not reach the requested tolerance within `max_iter`."""
 
 
 class NonFiniteWeightsWarning(DTGWarning):
@@ -86,7 +86,7 @@ class TracingFallbackWarning(DTGWarning):
 
 class FailedRunsWarning(DTGWarning):
     """Some runs of a sweep could not be read or solved; their rows are NaN and they are left
-    out of training. ``failures`` maps each run's name to the reason (file and cause)."""
+    out of training. `failures` maps each run's name to the reason (file and cause)."""
 
     def __init__(self, message: str, failures: dict[str, str] | None = None):
         super().__init__(message)
@@ -95,4 +95,4 @@ class FailedRunsWarning(DTGWarning):
 
 class UncoveredWeightsWarning(DTGWarning):
     """Some conv/linear-like weight matrices of the model are not in the channel graph (see
-    ``ChannelTopology.coverage()``); ``strict=True`` makes it an error."""
+    `ChannelTopology.coverage()`); `strict=True` makes it an error."""

@@ -1,30 +1,30 @@
 r"""The per-run feature cache: raw statistics of every solved run, kept beside the sweep.
 
 A killed or failed featurisation resumes where it stopped, locally or on Ray: each unit of
-work (:func:`~dtg_gpu._engine.plan_units`, whole runs solved as one batch) writes one small
+work (`plan_units`, whole runs solved as one batch) writes one small
 file per run, atomically, as soon as it is solved::
 
     SWEEP/.dtg-cache/<run name>/<key>.safetensors
 
 The key is a SHA-256 of everything the numbers depend on:
 
-- the library version, the solver's revision and the solver settings (``k``, dtype, ``tol``, ``max_iter``,
-  ``method``, the per-layer and eigenvalue options);
+- the library version, the solver's revision and the solver settings (`k`, dtype, `tol`, `max_iter`,
+  `method`, the per-layer and eigenvalue options);
 - the unit: its chunk size and, for every run in it, the name, the architecture's
   signature, the key prefix and each checkpoint file's identity: path relative to the sweep
   folder, size, modification time, inode and status-change time (ctime, in ns), and the
-  SHA-256 that ``run.json`` records for it where there is one.
+  SHA-256 that `run.json` records for it where there is one.
 
 So a rewritten checkpoint, another architecture or other settings never read a stale entry,
 and a hit is bit-identical to solving again (the same graphs in the same batch). A file
-replaced by another of the same size with its timestamp restored (``cp -p``, ``touch -r``,
-``tar x``, ``rsync -a``) still misses: restoring a timestamp sets the ctime to now, which no
+replaced by another of the same size with its timestamp restored (`cp -p`, `touch -r`,
+`tar x`, `rsync -a`) still misses: restoring a timestamp sets the ctime to now, which no
 user can set back. Entries are stored per run *folder* (two runs of one name in different
 folders never share one). What a
 hit does *not* depend on: the device (a cache written on GPUs is reused on a CPU, and the
-other way round) and ``alpha`` (the entries hold the statistics before temporal smoothing).
+other way round) and `alpha` (the entries hold the statistics before temporal smoothing).
 
-Entries are untrusted files like any other: read with ``safetensors`` (no code runs),
+Entries are untrusted files like any other: read with `safetensors` (no code runs),
 size-checked first, and checked against the key, shape and dtype; anything else is a miss
 and is solved again. Runs held in memory (state dicts, not files) are never cached. Delete
 the folder to drop the cache.
@@ -59,7 +59,7 @@ MAX_ENTRY_BYTES = 64 << 20
 
 @dataclass
 class CachedRun:
-    """One run's part of a solved unit: ``[k, F]`` statistics and ``[k]`` flags."""
+    """One run's part of a solved unit: `[k, F]` statistics and `[k]` flags."""
 
     stats: torch.Tensor  # [k, F] in the solve dtype
     residual: torch.Tensor  # [k] float64
@@ -95,7 +95,7 @@ def _identity(path: Any, root: Path | None) -> list | None:
 
 
 def _recorded_hashes(run: Any, k: int) -> list:
-    """The SHA-256 ``run.json`` records for each of the first ``k`` checkpoints (None where absent)."""
+    """The SHA-256 `run.json` records for each of the first `k` checkpoints (None where absent)."""
     listed = run.meta.get("checkpoints") if isinstance(getattr(run, "meta", None), dict) else None
     if not isinstance(listed, list):
         return [None] * k
@@ -119,7 +119,7 @@ def run_id(run: Any, root: Path | None) -> str:
 def unit_key(
     runs: Sequence, k: int, chunk: int, settings: Mapping[str, Any], signature: str, root: Path | None
 ) -> str | None:
-    """The cache key of a unit (hex SHA-256), or ``None`` when a checkpoint of it is not a
+    """The cache key of a unit (hex SHA-256), or `None` when a checkpoint of it is not a
     file that can be identified (in memory, missing): such a unit is always solved."""
     from . import __version__
 
@@ -169,15 +169,15 @@ def _folder_name(name: str) -> str:
 
 
 class FeatureCache:
-    """Per-run entries under ``folder`` (see the module's description).
+    """Per-run entries under `folder` (see the module's description).
 
     Parameters
     ----------
     folder : path-like
         Created on the first write. A folder that cannot be written is reported once
-        (:class:`~dtg_gpu.exceptions.DTGWarning`) and the featurisation goes on uncached.
+        ([`DTGWarning`][dtg_gpu.exceptions.DTGWarning]) and the featurisation goes on uncached.
     root : path-like, optional
-        Checkpoint paths are identified relative to it (default: ``folder``'s parent, the
+        Checkpoint paths are identified relative to it (default: `folder`'s parent, the
         sweep folder), so a sweep moved or mounted elsewhere keeps its cache.
     """
 
@@ -189,7 +189,7 @@ class FeatureCache:
         self._cleaned = False
 
     def usable(self) -> bool:
-        """With ``confine`` (the sweep's own ``.dtg-cache``): a cache folder that resolves
+        """With `confine` (the sweep's own `.dtg-cache`): a cache folder that resolves
         outside the sweep (a symlink out of it) is never written or read."""
         if not self.confine:
             return True
@@ -207,7 +207,7 @@ class FeatureCache:
         return False
 
     def _clean_stale(self, age_s: float = 60.0) -> None:
-        """Remove temporaries a killed writer left (older than ``age_s``), once per cache."""
+        """Remove temporaries a killed writer left (older than `age_s`), once per cache."""
         if self._cleaned:
             return
         self._cleaned = True
@@ -228,7 +228,7 @@ class FeatureCache:
         return self.folder / _folder_name(str(run_name)) / f"{key[:40]}.safetensors"
 
     def load(self, run_name: str, key: str, k: int, width: int, dtype: torch.dtype) -> CachedRun | None:
-        """The entry of ``run_name`` under ``key``, or ``None`` (absent, damaged, or another key)."""
+        """The entry of `run_name` under `key`, or `None` (absent, damaged, or another key)."""
         from safetensors import safe_open
 
         path = self._path(run_name, key)

@@ -4,9 +4,9 @@ r"""Temporal reinforcement and aggregation of per-timestep statistics (method st
     \tilde s_1 = s_1, \qquad \tilde s_t = \alpha s_t + (1 - \alpha)\,\tilde s_{t-1},
     \qquad 0 < \alpha \le 1
 
-computed for all timesteps at once as :math:`\tilde S = W S` with the lower-triangular
-:math:`W_{t,1} = (1-\alpha)^{t-1}`, :math:`W_{t,j} = \alpha (1-\alpha)^{t-j}` (``1 < j ≤ t``).
-The run's feature is :math:`[\tilde s_1, \dots, \tilde s_k]` concatenated in time order.
+computed for all timesteps at once as $\tilde S = W S$ with the lower-triangular
+$W_{t,1} = (1-\alpha)^{t-1}$, $W_{t,j} = \alpha (1-\alpha)^{t-j}$ (`1 < j ≤ t`).
+The run's feature is $[\tilde s_1, \dots, \tilde s_k]$ concatenated in time order.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = [
 
 
 def check_alpha(alpha: float) -> float:
-    """Validate the reinforcement constant: ``0 < alpha <= 1``."""
+    """Validate the reinforcement constant: `0 < alpha <= 1`."""
     try:
         a = float(alpha)
     except (TypeError, ValueError):
@@ -38,7 +38,7 @@ def check_alpha(alpha: float) -> float:
 
 
 def reinforcement_weights(t: int, alpha: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
-    r"""The ``[T, T]`` lower-triangular matrix :math:`W` with :math:`\tilde S = W S`."""
+    r"""The `[T, T]` lower-triangular matrix $W$ with $\tilde S = W S$."""
     a = check_alpha(alpha)
     i = torch.arange(t, device=device, dtype=dtype)
     lag = i[:, None] - i[None, :]
@@ -52,14 +52,14 @@ def temporal_reinforcement(stats: torch.Tensor, alpha: float) -> torch.Tensor:
 
     Parameters
     ----------
-    stats : Tensor ``[..., T, F]``
+    stats : Tensor `[..., T, F]`
     alpha : float in (0, 1]
-        Weight of the present; ``alpha = 1`` leaves ``stats`` unchanged.
+        Weight of the present; `alpha = 1` leaves `stats` unchanged.
 
     Returns
     -------
-    Tensor ``[..., T, F]``
-        A NaN at ``t`` only affects ``t`` and later timesteps.
+    Tensor `[..., T, F]`
+        A NaN at `t` only affects `t` and later timesteps.
 
     Examples
     --------
@@ -77,18 +77,18 @@ def temporal_reinforcement(stats: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def temporal_features(stats: torch.Tensor, alpha: float, timesteps: int | None = None) -> torch.Tensor:
-    r"""The run's temporal feature: smoothed statistics of the first ``k`` timesteps, flattened.
+    r"""The run's temporal feature: smoothed statistics of the first `k` timesteps, flattened.
 
     Parameters
     ----------
-    stats : Tensor ``[..., T, 5]``
+    stats : Tensor `[..., T, 5]`
     alpha : float in (0, 1]
     timesteps : int, optional
-        ``k <= T`` (all timesteps if omitted).
+        `k <= T` (all timesteps if omitted).
 
     Returns
     -------
-    Tensor ``[..., 5·k]``: ``[s̃_1, …, s̃_k]`` in time order.
+    Tensor `[..., 5·k]`: `[s̃_1, …, s̃_k]` in time order.
     """
     t = stats.shape[-2]
     k = t if timesteps is None else int(timesteps)
@@ -100,11 +100,11 @@ def temporal_features(stats: torch.Tensor, alpha: float, timesteps: int | None =
 
 @dataclass(frozen=True)
 class FeatureRecipe:
-    """What :func:`~dtg_gpu.featurize` puts in a run's row, besides covariates.
+    """What [`featurize`][dtg_gpu.featurize] puts in a run's row, besides covariates.
 
-    ``per_layer``, ``eigenvalue``, ``fold_batchnorm``: the DTG options (see
-    :func:`~dtg_gpu.featurize`); ``weight_stats``: Unterthiner et al.'s weight statistics of
-    the ``k``-th checkpoint appended (:func:`~dtg_gpu.baselines.weight_statistics`).
+    `per_layer`, `eigenvalue`, `fold_batchnorm`: the DTG options (see
+    [`featurize`][dtg_gpu.featurize]); `weight_stats`: Unterthiner et al.'s weight statistics of
+    the `k`-th checkpoint appended ([`weight_statistics`][dtg_gpu.baselines.weight_statistics]).
     """
 
     per_layer: bool
@@ -113,7 +113,7 @@ class FeatureRecipe:
     weight_stats: bool
 
     def with_overrides(self, **flags: bool | None) -> "FeatureRecipe":
-        """The recipe with each flag that is not ``None`` set to the value given."""
+        """The recipe with each flag that is not `None` set to the value given."""
         for name, v in flags.items():
             if v is not None and not isinstance(v, bool):
                 raise ValueError(f"{name} must be True, False or None (the recipe's), got {v!r}")
@@ -123,11 +123,11 @@ class FeatureRecipe:
         return asdict(self)
 
 
-#: Named feature recipes. ``"spec"``: the seed's method exactly (the five centrality
-#: statistics of each checkpoint, smoothed: ``5·k`` columns). ``"default"``: the best verdict
-#: the checkpoints allowed on the benchmark suite (``benchmarks/results/prediction_suite.md``):
-#: per-layer statistics and :math:`\log\lambda_1` of the graph with batch norm folded into
-#: its layer, and the weight statistics of the ``k``-th checkpoint.
+#: Named feature recipes. `"spec"`: the seed's method exactly (the five centrality
+#: statistics of each checkpoint, smoothed: `5·k` columns). `"default"`: the best verdict
+#: the checkpoints allowed on the benchmark suite (`benchmarks/results/prediction_suite.md`):
+#: per-layer statistics and $\log\lambda_1$ of the graph with batch norm folded into
+#: its layer, and the weight statistics of the `k`-th checkpoint.
 FEATURE_RECIPES: dict[str, FeatureRecipe] = {
     "default": FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=True, weight_stats=True),
     "spec": FeatureRecipe(per_layer=False, eigenvalue=False, fold_batchnorm=False, weight_stats=False),
@@ -135,7 +135,7 @@ FEATURE_RECIPES: dict[str, FeatureRecipe] = {
 
 
 def feature_recipe(features: str | FeatureRecipe = "default", **overrides: bool | None) -> FeatureRecipe:
-    """The recipe named ``features`` (or given), with the flags that are not ``None`` applied.
+    """The recipe named `features` (or given), with the flags that are not `None` applied.
 
     Raises
     ------

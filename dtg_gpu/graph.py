@@ -6,10 +6,10 @@ A graph is kept as one dense *filter-norm block* per weight layer,
     B^{(l)}_{t, i, j} = \lVert W^{(l)}_t[i, j, \dots] \rVert_2 ,
     \qquad B^{(l)} \in \mathbb{R}^{T \times \text{out} \times C/g},
 
-and the adjacency of timestep ``t`` is the sum over layers of ``B`` scattered to
+and the adjacency of timestep `t` is the sum over layers of `B` scattered to
 (output node, input node) and its transpose, with self-loops (an output node that is also
-its own input node) counted once. :class:`BlockOperator` applies that adjacency to ``G``
-vectors at once with two batched matrix products per layer and never forms ``A``.
+its own input node) counted once. `BlockOperator` applies that adjacency to `G`
+vectors at once with two batched matrix products per layer and never forms `A`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
 
 
 def _slices(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
-    """``weight [T, *weight_shape]`` viewed as ``[T, out, C/groups, S]``: one kernel slice per edge."""
+    """`weight [T, *weight_shape]` viewed as `[T, out, C/groups, S]`: one kernel slice per edge."""
     if tuple(weight.shape[1:]) != layer.weight_shape:
         raise CheckpointError(
             f"parameter {layer.param!r}: expected shape {list(layer.weight_shape)} per "
@@ -49,8 +49,8 @@ def _slices(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
 
 
 def norms_in_range(n: torch.Tensor) -> bool:
-    """True when plain sum-of-squares norms ``n`` cannot have overflowed or lost their
-    largest terms to underflow: every norm finite, positive and within ``2^(±emax/2 ∓ 4)``."""
+    """True when plain sum-of-squares norms `n` cannot have overflowed or lost their
+    largest terms to underflow: every norm finite, positive and within `2^(±emax/2 ∓ 4)`."""
     if n.numel() == 0:
         return True
     info = torch.finfo(n.dtype)
@@ -60,32 +60,32 @@ def norms_in_range(n: torch.Tensor) -> bool:
 
 
 def filter_norms(weight: torch.Tensor, layer: WeightLayer) -> torch.Tensor:
-    r"""Filter norms of one weight layer for ``T`` checkpoints in one op, without overflow.
+    r"""Filter norms of one weight layer for `T` checkpoints in one op, without overflow.
 
     Parameters
     ----------
-    weight : Tensor ``[T, *layer.weight_shape]``
+    weight : Tensor `[T, *layer.weight_shape]`
         The layer's weight stacked over checkpoints, floating point.
     layer : WeightLayer
 
     Returns
     -------
-    Tensor ``[T, out, C/groups]``
-        ``‖W[t, i, j, …]‖₂`` for convolutions; ``|W[t, i, j]|`` for ``Linear``; for a
-        ``Linear`` after a flatten of ``C`` channels × ``S`` positions, ``‖W[t, i, c, :]‖₂``
-        with ``W`` viewed as ``[T, out, C, S]``. In ``weight``'s dtype.
+    Tensor `[T, out, C/groups]`
+        `‖W[t, i, j, …]‖₂` for convolutions; `|W[t, i, j]|` for `Linear`; for a
+        `Linear` after a flatten of `C` channels × `S` positions, `‖W[t, i, c, :]‖₂`
+        with `W` viewed as `[T, out, C, S]`. In `weight`'s dtype.
 
     Raises
     ------
     CheckpointError
-        ``weight`` does not have the layer's shape.
+        `weight` does not have the layer's shape.
 
     Notes
     -----
-    A plain ``sqrt(Σ w²)`` overflows once ``|w| > 2^64`` in float32 (and loses the slice
-    once every ``|w| < 2^-75``), although the norm itself is representable. The plain form
-    is taken first; only when a norm falls outside ``2^(±(emax/2 − 4))`` (or is zero) are
-    the norms recomputed scaled by each slice's largest ``|w|`` (in float64 for float32
+    A plain `sqrt(Σ w²)` overflows once `|w| > 2^64` in float32 (and loses the slice
+    once every `|w| < 2^-75`), although the norm itself is representable. The plain form
+    is taken first; only when a norm falls outside `2^(±(emax/2 − 4))` (or is zero) are
+    the norms recomputed scaled by each slice's largest `|w|` (in float64 for float32
     weights, whose squares always fit there), so any finite weight gives its exact norm
     unless the norm itself exceeds the dtype.
 
@@ -109,31 +109,31 @@ CDIST_MAX_ROW = 25  # row_norms: longest row for which cdist beat vector_norm (k
 
 
 def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    r"""``‖w[..., :]‖₂`` over the last dimension; on CPU near memory bandwidth.
+    r"""`‖w[..., :]‖₂` over the last dimension; on CPU near memory bandwidth.
 
-    ``torch.linalg.vector_norm(w, dim=-1)`` reduces a short inner dimension (the 9 weights
+    `torch.linalg.vector_norm(w, dim=-1)` reduces a short inner dimension (the 9 weights
     of a 3×3 kernel slice) at a fraction of memory bandwidth on CPU: every row ends in a
     horizontal sum. On CPU, contiguous float32/float64 rows go to the compiled kernel of
-    :mod:`dtg_gpu._native` (eight rows summed at once in vector registers: 1.1–1.6× the time
-    of a plain read for 3×3 slices, against 2.0–2.8× for ``cdist`` and 3.6–4.9× for ``vector_norm``,
-    ``benchmarks/bench_filter_norms.py``). Where that kernel is off or cannot be built,
-    float32 rows of at most ``CDIST_MAX_ROW`` (25: 3×3 and 5×5 kernels) elements take
-    ``torch.cdist`` against the origin in its direct mode (no matrix-product expansion, so no
+    `dtg_gpu._native` (eight rows summed at once in vector registers: 1.1–1.6× the time
+    of a plain read for 3×3 slices, against 2.0–2.8× for `cdist` and 3.6–4.9× for `vector_norm`,
+    `benchmarks/bench_filter_norms.py`). Where that kernel is off or cannot be built,
+    float32 rows of at most `CDIST_MAX_ROW` (25: 3×3 and 5×5 kernels) elements take
+    `torch.cdist` against the origin in its direct mode (no matrix-product expansion, so no
     cancellation); every other case (half precision, strided views, CUDA, longer rows such
-    as a ``Linear`` after a flatten of 7×7 positions, where ``cdist`` measured 1.2–1.8×
-    slower) takes ``vector_norm``. All of them square before summing, in ``w``'s precision,
-    so they agree to rounding: see :func:`norms_in_range` for when that is safe.
+    as a `Linear` after a flatten of 7×7 positions, where `cdist` measured 1.2–1.8×
+    slower) takes `vector_norm`. All of them square before summing, in `w`'s precision,
+    so they agree to rounding: see `norms_in_range` for when that is safe.
 
     Parameters
     ----------
-    w : Tensor ``[..., k]``
-    out : Tensor ``[...]``, optional
+    w : Tensor `[..., k]`
+    out : Tensor `[...]`, optional
         Written in place and returned.
 
     Returns
     -------
-    Tensor ``[...]``
-        The norms, in ``w``'s dtype; NaN or Inf where a row holds one.
+    Tensor `[...]`
+        The norms, in `w`'s dtype; NaN or Inf where a row holds one.
 
     Examples
     --------
@@ -171,7 +171,7 @@ def row_norms(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``sqrt(Σ w²)`` per kernel slice with no range check (see :func:`norms_in_range`)."""
+    """`sqrt(Σ w²)` per kernel slice with no range check (see `norms_in_range`)."""
     w = _slices(weight, layer)
     if w.shape[-1] == 1:
         return torch.abs(w[..., 0], out=out) if out is not None else w[..., 0].abs()
@@ -179,10 +179,10 @@ def plain_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tens
 
 
 def wide_filter_norms(weight: torch.Tensor, layer: WeightLayer, out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`filter_norms` before the cast back: float64 where the norms left the range of
-    ``weight``'s dtype, so that a caller can rescale them before casting (see
-    :func:`dtg_gpu._engine.scaled_blocks`). With ``out`` (``[T, out, C/groups]`` of
-    ``weight``'s dtype) the norms are written there, and ``out`` is returned unless they
+    """`filter_norms` before the cast back: float64 where the norms left the range of
+    `weight`'s dtype, so that a caller can rescale them before casting (see
+    `dtg_gpu._engine.scaled_blocks`). With `out` (`[T, out, C/groups]` of
+    `weight`'s dtype) the norms are written there, and `out` is returned unless they
     needed float64."""
     w = _slices(weight, layer)
     n = plain_filter_norms(weight, layer, out=out)
@@ -244,34 +244,34 @@ def _square_plan(topology: ChannelTopology, device: torch.device):
 
 
 class BlockOperator:
-    r"""The adjacency matrices of ``G`` channel graphs that share a topology, as an operator.
+    r"""The adjacency matrices of `G` channel graphs that share a topology, as an operator.
 
     .. math::
         (A x)_{g} = \sum_l P_{\text{out}}^{(l)} B^{(l)}_g P_{\text{in}}^{(l)\top} x_g
                    + P_{\text{in}}^{(l)} B^{(l)\top}_g P_{\text{out}}^{(l)\top} x_g
                    - \operatorname{diag}(d_g)\, x_g
 
-    where ``d`` removes the second count of self-loops.
+    where `d` removes the second count of self-loops.
 
     Parameters
     ----------
     topology : ChannelTopology
-    blocks : sequence of Tensor ``[G, out, C/groups]``
-        One filter-norm block per layer of ``topology`` (see :func:`filter_norms`).
+    blocks : sequence of Tensor `[G, out, C/groups]`
+        One filter-norm block per layer of `topology` (see `filter_norms`).
     transposed_copy : bool, default False
-        Also keep each ungrouped block transposed and contiguous for ``B x``. Without it, on
-        CPU both products of a layer are still row-vector × matrix: ``B x`` is taken as
-        ``xᵀ Bᵀ`` on the transposed *view* (BLAS reads ``B`` with its transpose flag), since
+        Also keep each ungrouped block transposed and contiguous for `B x`. Without it, on
+        CPU both products of a layer are still row-vector × matrix: `B x` is taken as
+        `xᵀ Bᵀ` on the transposed *view* (BLAS reads `B` with its transpose flag), since
         a batched matrix × *column* vector runs at ~5 GB/s against ~60 GB/s for the
         row-vector form (2 cores). The view's product is 1.2–1.6× slower than the copy's, but
-        the copy costs about 20 products (``[10, 512, 512]`` float32: 3 ms against 0.15 ms),
+        the copy costs about 20 products (`[10, 512, 512]` float32: 3 ms against 0.15 ms),
         and a Lanczos solve takes 6–15; the copy pays only for hundreds of iterations, and
-        doubles the block memory (``benchmarks/results/filter_norms_cpu.md``). On GPU
+        doubles the block memory (`benchmarks/results/filter_norms_cpu.md`). On GPU
         the column form is kept (batched GEMV is bandwidth-bound either way).
-    scale : Tensor ``[G]``, optional
-        The graphs' weights are ``blocks · scale`` (see :func:`dtg_gpu._engine.scaled_blocks`):
-        the operator applies ``A / scale`` and solvers report eigenvalues in the units of
-        ``A``. Default: ones.
+    scale : Tensor `[G]`, optional
+        The graphs' weights are `blocks · scale` (see `dtg_gpu._engine.scaled_blocks`):
+        the operator applies `A / scale` and solvers report eigenvalues in the units of
+        `A`. Default: ones.
 
     Examples
     --------
@@ -322,7 +322,7 @@ class BlockOperator:
         ]
 
     def layer_out(self, i: int, xin: torch.Tensor) -> torch.Tensor:
-        """Layer ``i``'s block applied to its input nodes: ``[G, C] → B xin  [G, out]``."""
+        """Layer `i`'s block applied to its input nodes: `[G, C] → B xin  [G, out]`."""
         block, block_t, groups = self.blocks[i], self._blocks_t[i], self._plan[i][0]
         if block_t is not None:
             return torch.bmm(xin.unsqueeze(1), block_t).squeeze(1)
@@ -339,7 +339,7 @@ class BlockOperator:
         return torch.matmul(bg, xin.view(g_count, groups, cin, 1)).reshape(g_count, out)
 
     def layer_in(self, i: int, xout: torch.Tensor) -> torch.Tensor:
-        """Layer ``i``'s transposed block applied to its output nodes: ``Bᵀ xout  [G, C]``."""
+        """Layer `i`'s transposed block applied to its output nodes: `Bᵀ xout  [G, C]`."""
         block, groups = self.blocks[i], self._plan[i][0]
         if groups == 1:
             return torch.bmm(xout.unsqueeze(1), block).squeeze(1)
@@ -350,7 +350,7 @@ class BlockOperator:
         return torch.matmul(xout.view(g_count, groups, 1, -1), bg).reshape(g_count, -1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply every adjacency: ``x [G, N] → A x [G, N]``."""
+        """Apply every adjacency: `x [G, N] → A x [G, N]`."""
         y = torch.zeros_like(x)
         for i, (_groups, out_sl, out_idx, in_sl, in_idx) in enumerate(self._plan):
             _add(y, out_sl, out_idx, self.layer_out(i, _take(x, in_sl, in_idx)))
@@ -360,11 +360,11 @@ class BlockOperator:
         return y
 
     def bipartite_square(self) -> "BipartiteSquare | None":
-        """The operator :class:`BipartiteSquare` when the topology is bipartite, else ``None``."""
+        """The operator `BipartiteSquare` when the topology is bipartite, else `None`."""
         return BipartiteSquare(self) if self.topology.bipartition is not None else None
 
     def layers_positively_connected(self) -> torch.Tensor:
-        """BoolTensor ``[G]``, a sufficient test that zero weights disconnect nothing.
+        """BoolTensor `[G]`, a sufficient test that zero weights disconnect nothing.
 
         True when, in every group of every layer, some input unit has positive weights to
         all outputs and no input unit has only zero weights: then each layer's positive
@@ -379,7 +379,7 @@ class BlockOperator:
         return ok
 
     def has_zero_weights(self) -> torch.Tensor:
-        """BoolTensor ``[G]``: some weight slice of the graph is exactly zero."""
+        """BoolTensor `[G]`: some weight slice of the graph is exactly zero."""
         out = torch.zeros(self.num_graphs, dtype=torch.bool, device=self.device)
         for block in self.blocks:  # norms are >= 0: a zero is the minimum (no [G, E] mask)
             out |= block.reshape(self.num_graphs, -1).amin(1) == 0
@@ -398,9 +398,9 @@ def _take(x: torch.Tensor, sl: slice | None, idx: torch.Tensor) -> torch.Tensor:
 
 
 class BipartiteSquare:
-    r"""``C Cᵀ`` on one side of a bipartite channel graph: the same Perron vector, half the work.
+    r"""`C Cᵀ` on one side of a bipartite channel graph: the same Perron vector, half the work.
 
-    When every layer joins one colour of :attr:`ChannelTopology.bipartition` to the other,
+    When every layer joins one colour of [`ChannelTopology.bipartition`][dtg_gpu.ChannelTopology.bipartition] to the other,
     ordering the nodes by colour gives
 
     .. math::
@@ -408,17 +408,17 @@ class BipartiteSquare:
         A \begin{pmatrix} u \\ v \end{pmatrix} = \lambda \begin{pmatrix} u \\ v \end{pmatrix}
         \iff C C^\top u = \lambda^2 u,\ v = C^\top u / \lambda ,
 
-    and the spectrum of ``A`` is symmetric, ``±λᵢ``. Lanczos on ``A`` must resolve
-    ``λ₁`` against ``λ₂`` across the whole interval ``[-λ₁, λ₂]``; on ``M = C Cᵀ`` it resolves
-    ``λ₁²`` against ``[0, λ₂²]``, a relative gap about 4× larger, so it needs about half
-    as many products, and a product with ``M`` reads every block twice, as one with ``A``
-    does. With ``u`` of unit norm and ``λ² = uᵀMu``, ``x = (u, Cᵀu/λ)/√2`` has unit norm and
+    and the spectrum of `A` is symmetric, `±λᵢ`. Lanczos on `A` must resolve
+    `λ₁` against `λ₂` across the whole interval `[-λ₁, λ₂]`; on `M = C Cᵀ` it resolves
+    `λ₁²` against `[0, λ₂²]`, a relative gap about 4× larger, so it needs about half
+    as many products, and a product with `M` reads every block twice, as one with `A`
+    does. With `u` of unit norm and `λ² = uᵀMu`, `x = (u, Cᵀu/λ)/√2` has unit norm and
 
     .. math::
         \frac{\lVert A x - \lambda x \rVert}{\lambda}
         = \frac{\lVert M u - \lambda^2 u \rVert}{\sqrt 2\, \lambda^2},
 
-    so a residual on ``M`` certifies one on ``A`` exactly. ``u`` lives on the smaller colour.
+    so a residual on `M` certifies one on `A` exactly. `u` lives on the smaller colour.
 
     Parameters
     ----------
@@ -436,7 +436,7 @@ class BipartiteSquare:
         self.num_nodes = self.p_nodes.numel()  # the size of the vectors this operator acts on
 
     def _across(self, x: torch.Tensor, from_p: bool) -> torch.Tensor:
-        """One block product per layer from one colour to the other (``Cᵀx`` or ``Cx``)."""
+        """One block product per layer from one colour to the other (`Cᵀx` or `Cx`)."""
         y = x.new_zeros(x.shape[0], (self.q_nodes if from_p else self.p_nodes).numel())
         for i, in_p, in_sl, in_idx, out_sl, out_idx in self._plan:
             if in_p == from_p:  # x lives on the layer's inputs
@@ -446,15 +446,15 @@ class BipartiteSquare:
         return y
 
     def half(self, u: torch.Tensor) -> torch.Tensor:
-        """``Cᵀ u``: ``[G, |P|] → [G, |Q|]``, one product per layer."""
+        """`Cᵀ u`: `[G, |P|] → [G, |Q|]`, one product per layer."""
         return self._across(u, True)
 
     def __call__(self, u: torch.Tensor) -> torch.Tensor:
-        """``C Cᵀ u``: ``[G, |P|] → [G, |P|]``, two products per layer like ``A x``."""
+        """`C Cᵀ u`: `[G, |P|] → [G, |P|]`, two products per layer like `A x`."""
         return self._across(self._across(u, True), False)
 
     def lift(self, u: torch.Tensor, eigenvalue: torch.Tensor) -> torch.Tensor:
-        """``x = (u, Cᵀu/λ)`` in node order, unit norm; uniform ``1/√N`` where ``λ = 0``."""
+        """`x = (u, Cᵀu/λ)` in node order, unit norm; uniform `1/√N` where `λ = 0`."""
         g_count = u.shape[0]
         lam = eigenvalue.clamp_min(torch.finfo(u.dtype).tiny)[:, None]
         x = u.new_zeros(g_count, self.op.num_nodes)
@@ -468,22 +468,22 @@ class BipartiteSquare:
 def graph_edges(
     topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: int = 0, *, directed_pairs: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Edge list of graph ``g`` of a batch of blocks, parallel edges summed.
+    r"""Edge list of graph `g` of a batch of blocks, parallel edges summed.
 
     Parameters
     ----------
     topology : ChannelTopology
-    blocks : sequence of Tensor ``[G, out, C/groups]``
+    blocks : sequence of Tensor `[G, out, C/groups]`
     g : int
         Which graph of the batch.
     directed_pairs : bool, default True
-        ``True``: both directions of every edge (PyG's convention for an undirected
-        graph), self-loops once. ``False``: each undirected edge once, ``row <= col``.
+        `True`: both directions of every edge (PyG's convention for an undirected
+        graph), self-loops once. `False`: each undirected edge once, `row <= col`.
 
     Returns
     -------
-    edge_index : LongTensor ``[2, E]``
-    edge_weight : Tensor ``[E]``
+    edge_index : LongTensor `[2, E]`
+    edge_weight : Tensor `[E]`
     """
     from torch_geometric.utils import coalesce
 
@@ -507,7 +507,7 @@ def graph_edges(
 
 
 def to_pyg(topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: int = 0):
-    """Graph ``g`` as ``torch_geometric.data.Data(edge_index, edge_weight, num_nodes)``."""
+    """Graph `g` as `torch_geometric.data.Data(edge_index, edge_weight, num_nodes)`."""
     from torch_geometric.data import Data
 
     ei, ew = graph_edges(topology, blocks, g, directed_pairs=True)
@@ -515,7 +515,7 @@ def to_pyg(topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: int = 0
 
 
 def to_networkx(topology: ChannelTopology, blocks: Sequence[torch.Tensor], g: int = 0) -> nx.Graph:
-    """Graph ``g`` as a ``networkx.Graph`` with nodes ``0..N-1`` and edge attribute ``weight``."""
+    """Graph `g` as a `networkx.Graph` with nodes `0..N-1` and edge attribute `weight`."""
     ei, ew = graph_edges(topology, blocks, g, directed_pairs=False)
     graph = nx.Graph()
     graph.add_nodes_from(range(topology.num_nodes))

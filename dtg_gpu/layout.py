@@ -1,17 +1,17 @@
 r"""The columns of the per-timestep statistics, by name: one place that says what each is.
 
-Every timestep of a run is summarised by ``F`` numbers laid out as
+Every timestep of a run is summarised by `F` numbers laid out as
 
 =====================  ==========================================  ========================
 columns                what                                        when
 =====================  ==========================================  ========================
-``0 … 4``              the five statistics of the whole centrality  always (the method)
-``5 … 5 + 5·L − 1``    the five statistics of each layer's nodes    ``per_layer=True``
-``F − 1``              :math:`\log\lambda_1`                        ``eigenvalue=True``
+`0 … 4`              the five statistics of the whole centrality  always (the method)
+`5 … 5 + 5·L − 1`    the five statistics of each layer's nodes    `per_layer=True`
+`F − 1`              $\log\lambda_1$                        `eigenvalue=True`
 =====================  ==========================================  ========================
 
-and a run's feature vector repeats that block for ``t = 1 … k`` (temporal reinforcement
-keeps the layout). :class:`StatisticsLayout` builds, splits and names these columns, so that
+and a run's feature vector repeats that block for `t = 1 … k` (temporal reinforcement
+keeps the layout). [`StatisticsLayout`][dtg_gpu.layout.StatisticsLayout] builds, splits and names these columns, so that
 adding a statistic is one edit here.
 
 Examples
@@ -44,7 +44,7 @@ class StatisticsLayout:
     layers : tuple of str
         The layers whose nodes get their own five statistics (empty: the method's five only).
     eigenvalue : bool
-        A last column :math:`\\log\\lambda_1`.
+        A last column $\\log\\lambda_1$.
     """
 
     layers: tuple[str, ...] = ()
@@ -52,8 +52,8 @@ class StatisticsLayout:
 
     @classmethod
     def of(cls, topology, per_layer: bool = False, eigenvalue: bool = False) -> "StatisticsLayout":
-        """The layout of ``topology``'s graphs with the given options (per-layer groups as
-        :func:`~dtg_gpu.statistics.layer_node_groups` finds them)."""
+        """The layout of `topology`'s graphs with the given options (per-layer groups as
+        `layer_node_groups` finds them)."""
         layers = tuple(name for name, _ in layer_node_groups(topology)) if per_layer else ()
         return cls(layers=layers, eigenvalue=eigenvalue)
 
@@ -63,12 +63,12 @@ class StatisticsLayout:
 
     @property
     def width(self) -> int:
-        """``F``: columns per timestep."""
+        """`F`: columns per timestep."""
         return len(STATISTICS) * (1 + len(self.layers)) + int(self.eigenvalue)
 
     @property
     def names(self) -> list[str]:
-        """Column names of one timestep: ``mean … kurtosis``, ``layer:mean …``, ``log_eigenvalue``."""
+        """Column names of one timestep: `mean … kurtosis`, `layer:mean …`, `log_eigenvalue`."""
         return (
             list(STATISTICS)
             + [f"{layer}:{s}" for layer in self.layers for s in STATISTICS]
@@ -76,11 +76,11 @@ class StatisticsLayout:
         )
 
     def columns(self, k: int) -> list[str]:
-        """Names of a run's ``k·F`` features: ``<name>_t<t>``, timestep by timestep."""
+        """Names of a run's `k·F` features: `<name>_t<t>`, timestep by timestep."""
         return [f"{name}_t{t + 1}" for t in range(k) for name in self.names]
 
     def timesteps(self, n_features: int) -> int:
-        """``k`` of a feature vector of ``n_features`` columns in this layout."""
+        """`k` of a feature vector of `n_features` columns in this layout."""
         if n_features % self.width:
             raise ValueError(f"{n_features} features are not a whole number of timesteps of {self.width}")
         return n_features // self.width
@@ -88,7 +88,7 @@ class StatisticsLayout:
     def join(
         self, spec: torch.Tensor, layers: torch.Tensor | None = None, log_eigenvalue: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``[..., F]`` from the parts: ``[..., 5]``, ``[..., 5·L]`` and ``[...]``."""
+        """`[..., F]` from the parts: `[..., 5]`, `[..., 5·L]` and `[...]`."""
         parts = [spec]
         if self.per_layer:
             if layers is None:
@@ -101,7 +101,7 @@ class StatisticsLayout:
         return torch.cat(parts, -1)
 
     def split(self, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``(spec [..., 5], per-layer [..., 5·L] or None, log λ₁ [...] or None)`` of ``[..., F]``."""
+        """`(spec [..., 5], per-layer [..., 5·L] or None, log λ₁ [...] or None)` of `[..., F]`."""
         if stats.shape[-1] != self.width:
             raise ValueError(f"statistics have {stats.shape[-1]} columns, this layout {self.width}")
         n = len(STATISTICS)

@@ -1,8 +1,8 @@
 r"""Seed models of method step 1: LeNet-5, CIFAR-form VGG, ResNet-18/34, CIFAR ResNet-20/32
 and a small MobileNet-style depthwise-separable net.
 
-Every constructor takes ``num_classes``, ``in_channels`` and ``dropout`` (the rate swept
-with the learning rate), so one registry builds any run's model from its ``run.json``.
+Every constructor takes `num_classes`, `in_channels` and `dropout` (the rate swept
+with the learning rate), so one registry builds any run's model from its `run.json`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ _VGG_CFG: dict[int, list[int | str]] = {
 
 class VGG(nn.Module):
     """VGG in the CIFAR form: 32×32 input, 3×3 convs, 1×1 map after five pools, dropout
-    in a 512-512-classes classifier. ``width`` scales every channel count (narrow VGGs)."""
+    in a 512-512-classes classifier. `width` scales every channel count (narrow VGGs)."""
 
     def __init__(
         self,
@@ -196,7 +196,7 @@ class _SeparableBlock(nn.Module):
 
 class MobileNetS(nn.Module):
     """A small MobileNet (v1) for 32×32 inputs: a 3×3 stem, five depthwise-separable blocks
-    (``width``, 2·, 2·, 4·, 4·, 8·``width`` channels, three of stride 2), global average
+    (`width`, 2·, 2·, 4·, 4·, 8·`width` channels, three of stride 2), global average
     pooling, dropout and one linear layer."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, dropout: float = 0.0, width: int = 8):
@@ -256,8 +256,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 
 
 def build_model(name: str, **kwargs) -> nn.Module:
-    """Build a registered model by name (``"lenet5"``, ``"vgg16"``, ``"resnet20"``,
-    ``"mobilenet-s"``, ...).
+    """Build a registered model by name (`"lenet5"`, `"vgg16"`, `"resnet20"`,
+    `"mobilenet-s"`, ...).
 
     Raises
     ------

@@ -1,6 +1,6 @@
 r"""Labels and the performance predictor (method step 5).
 
-:class:`PerformancePredictor` is a scikit-learn classifier around a small torch MLP trained
+[`PerformancePredictor`][dtg_gpu.PerformancePredictor] is a scikit-learn classifier around a small torch MLP trained
 with binary cross-entropy
 
 .. math::
@@ -11,7 +11,7 @@ the batch size). Features are standardised with statistics of the training data 
 
 **Diverged runs.** A run whose weights became NaN/Inf within the checkpoints used has
 non-finite features. The rule, explicit and documented: such a row is *insufficient*
-(``classes_[0]``) with probability 1 at prediction time, and is left out of the MLP's
+(`classes_[0]`) with probability 1 at prediction time, and is left out of the MLP's
 training data (it carries no statistics to learn from). NaNs never reach the MLP.
 """
 
@@ -63,12 +63,12 @@ def label_runs(accuracies: Sequence[float] | np.ndarray, threshold: float | str 
     accuracies : sequence of float
         Final test accuracy of each run. NaN (a diverged run) is insufficient.
     threshold : float or str, default "median"
-        A fixed accuracy, ``"median"``, or a quantile ``"q0.75"`` of the finite
+        A fixed accuracy, `"median"`, or a quantile `"q0.75"` of the finite
         accuracies of this sweep.
 
     Returns
     -------
-    ndarray of int ``[runs]``
+    ndarray of int `[runs]`
 
     Raises
     ------
@@ -98,7 +98,7 @@ def label_runs(accuracies: Sequence[float] | np.ndarray, threshold: float | str 
 
 
 def split_runs(y: Sequence[int] | np.ndarray, test_size: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified, seeded split: ``test_size`` of each class for testing (the method: 90/10).
+    """Stratified, seeded split: `test_size` of each class for testing (the method: 90/10).
 
     Returns the train and test indices.
     """
@@ -113,8 +113,8 @@ _BOUND = 1e-7  # scikit-learn's QuantileTransformer clips the ranks to [1e-7, 1 
 
 
 def training_quantiles(X: np.ndarray, n_quantiles: int = 1000) -> np.ndarray:
-    """``[min(n_quantiles, rows), d]`` quantiles of ``X`` at evenly spaced levels, column-wise
-    non-decreasing, computed as scikit-learn's ``QuantileTransformer.fit`` does (percentiles,
+    """`[min(n_quantiles, rows), d]` quantiles of `X` at evenly spaced levels, column-wise
+    non-decreasing, computed as scikit-learn's `QuantileTransformer.fit` does (percentiles,
     so the rounding matches too)."""
     ref = np.linspace(0.0, 1.0, min(int(n_quantiles), X.shape[0]))
     return np.maximum.accumulate(np.nanpercentile(X, ref * 100, axis=0), axis=0)
@@ -126,21 +126,21 @@ def quantile_normal(X: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
     .. math::
         z = \Phi^{-1}\bigl(\operatorname{clip}(\hat F(x), 10^{-7}, 1 - 10^{-7})\bigr)
 
-    where :math:`\hat F` interpolates linearly between ``quantiles[i]``, the quantile of
-    level ``i / (n - 1)`` of the training data (ties take the mean of their ranks), exactly as
-    ``sklearn.preprocessing.QuantileTransformer(output_distribution="normal")`` does, bounds
+    where $\hat F$ interpolates linearly between `quantiles[i]`, the quantile of
+    level `i / (n - 1)` of the training data (ties take the mean of their ranks), exactly as
+    `sklearn.preprocessing.QuantileTransformer(output_distribution="normal")` does, bounds
     included: values within 1e-7 of the training minimum or beyond map to about -5.2, of the
     maximum or beyond to about +5.2 (a constant feature becomes a constant -5.2).
 
     Parameters
     ----------
-    X : ndarray ``[rows, d]``
-    quantiles : ndarray ``[n, d]``
-        Column-wise non-decreasing (:func:`training_quantiles`).
+    X : ndarray `[rows, d]`
+    quantiles : ndarray `[n, d]`
+        Column-wise non-decreasing (`training_quantiles`).
 
     Returns
     -------
-    ndarray ``[rows, d]``
+    ndarray `[rows, d]`
     """
     from scipy.special import ndtri
 
@@ -186,14 +186,14 @@ def _one_thread(device: torch.device):
 
 
 def architecture_signature(topology) -> list:
-    """``[[param, [weight shape]], ...]`` of a channel topology's weight layers, in forward
+    """`[[param, [weight shape]], ...]` of a channel topology's weight layers, in forward
     order: what a saved predictor records about the runs it was trained on."""
     return [[layer.param, list(layer.weight_shape)] for layer in topology.layers]
 
 
 class _BlockHeads(torch.nn.Module):
     """One linear head per block of columns (a logistic regression each), as one
-    ``Linear(d, B)`` whose weight is masked to the blocks; ``forward`` gives the ``B`` logits."""
+    `Linear(d, B)` whose weight is masked to the blocks; `forward` gives the `B` logits."""
 
     def __init__(self, blocks: Sequence[int]):
         super().__init__()
@@ -229,62 +229,62 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     hidden_sizes : tuple of int, default ()
-        Widths of the network's hidden layers. ``()`` (the default): no hidden layer, a
-        logistic regression on the scaled features, whose L2 penalty is ``weight_decay``:
+        Widths of the network's hidden layers. `()` (the default): no hidden layer, a
+        logistic regression on the scaled features, whose L2 penalty is `weight_decay`:
         the small model ~100 training runs support (the benchmark suite chose it,
-        ``benchmarks/results/prediction_suite.md``). The seed's method: ``(32,)``, see
-        :meth:`spec`.
+        `benchmarks/results/prediction_suite.md`). The seed's method: `(32,)`, see
+        [`spec`][dtg_gpu.PerformancePredictor.spec].
     epochs : int, default 300
     batch_size : int, default 32
     optimizer : {"adam", "sgd"}, default "adam"
     learning_rate : float, default 1e-2
     weight_decay : float, default 0.1
-        L2 penalty (AdamW-free: added to the gradient, as ``torch.optim.Adam`` does). The
-        seed's MLP: ``1e-4``.
+        L2 penalty (AdamW-free: added to the gradient, as `torch.optim.Adam` does). The
+        seed's MLP: `1e-4`.
     random_state : int, RandomState or None
         Seeds weight init and batch order; results are reproducible given it.
     device : str or None, default "cpu"
-        ``None``: CUDA when available. On CPU the MLP trains on one thread (restored
+        `None`: CUDA when available. On CPU the MLP trains on one thread (restored
         afterwards): its tensors are tiny, and that is 2–4× faster than two threads here.
     feature_settings : dict, optional
-        How the features were made (``alpha``, ``timesteps``, ``threshold``, ...); saved
-        with the model so :meth:`predict_runs` featurises new runs the same way.
+        How the features were made (`alpha`, `timesteps`, `threshold`, ...); saved
+        with the model so [`predict_runs`][dtg_gpu.PerformancePredictor.predict_runs] featurises new runs the same way.
     scaling : {"standard", "quantile"}, default "quantile"
         How features are scaled before the network, fitted on the training data only.
-        ``"standard"`` (the seed's method): :math:`(x - \bar x) / s`. ``"quantile"`` (the
+        `"standard"` (the seed's method): $(x - \bar x) / s$. `"quantile"` (the
         default): each feature through its training CDF to a normal score
-        (:func:`quantile_normal`, scikit-learn's ``QuantileTransformer``). Centrality
+        (`quantile_normal`, scikit-learn's `QuantileTransformer`). Centrality
         skewness and kurtosis are heavy-tailed across a sweep: a few collapsed runs set the
         standard deviation and squeeze the other runs into a sliver (digits LeNet-5 sweep,
         k = 5: the interquartile range is under 0.2 std for 21 of the 25 DTG features).
         Ranks keep the bulk of the sweep apart; it helps DTG features and hurts the weight
         statistics (README, prediction table).
     select : int or None, default None
-        **Option beyond the method.** Keep only the ``select`` features with the largest ANOVA
-        F statistic between the classes (scikit-learn's ``f_classif``) on the scaled
-        training data, and train the MLP on those; ``None`` (the method) keeps all, as does a
-        ``select`` at or above the number of features. The choice is made in :meth:`fit`,
+        **Option beyond the method.** Keep only the `select` features with the largest ANOVA
+        F statistic between the classes (scikit-learn's `f_classif`) on the scaled
+        training data, and train the MLP on those; `None` (the method) keeps all, as does a
+        `select` at or above the number of features. The choice is made in [`fit`][dtg_gpu.PerformancePredictor.fit],
         from the training split only, and saved with the model. It helps where a few of
         many features carry the signal (one convolution of LeNet-5) and hurts where it is
         spread over layers; the measurements are in
-        ``benchmarks/results/prediction_selection.md``.
+        `benchmarks/results/prediction_selection.md`.
     auto : bool, default False
-        **Option beyond the method.** Choose ``scaling`` (standard, quantile), ``select``
-        (all, or the 5 with the largest F statistic) and, when ``column_sets`` is given, the feature set, by stratified
-        ``auto_folds``-fold cross-validation (ROC AUC) *on the training data of* :meth:`fit`
+        **Option beyond the method.** Choose `scaling` (standard, quantile), `select`
+        (all, or the 5 with the largest F statistic) and, when `column_sets` is given, the feature set, by stratified
+        `auto_folds`-fold cross-validation (ROC AUC) *on the training data of* [`fit`][dtg_gpu.PerformancePredictor.fit]
         only: nested inside any outer split, so a number measured on a held-out split stays
         honest. Ties go to the earlier candidate (the method's settings come first). The
-        choice is in ``scaling_``, ``select_``, ``columns_`` and saved with the model.
+        choice is in `scaling_`, `select_`, `columns_` and saved with the model.
     column_sets : dict of str to list of int, optional
-        With ``auto``: candidate feature sets, each a list of column indices of ``X`` (e.g.
+        With `auto`: candidate feature sets, each a list of column indices of `X` (e.g.
         the DTG columns, the DTG and covariate columns); default: all columns.
     auto_folds : int, default 3
     blocks : "auto", sequence of int or None, default "auto"
         Column blocks (feature sets, in order) that each get a model of their own, their
         probabilities averaged: one small model per set rather than one on every column.
-        ``"auto"``: the blocks :func:`~dtg_gpu.featurize` marks on its default features
-        (``X.column_blocks``: the DTG columns, the weight statistics, the covariates), and
-        none for any other ``X``. Only with ``hidden_sizes=()``, ``select=None``, no ``auto``;
+        `"auto"`: the blocks [`featurize`][dtg_gpu.featurize] marks on its default features
+        (`X.column_blocks`: the DTG columns, the weight statistics, the covariates), and
+        none for any other `X`. Only with `hidden_sizes=()`, `select=None`, no `auto`;
         otherwise one model reads every column.
 
     Attributes
@@ -292,20 +292,20 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     classes_ : ndarray
     n_features_in_ : int
     mean_, scale_ : ndarray
-        Standardisation fitted on the training data (``scaling="standard"``).
-    quantiles_ : ndarray ``[n, d]``
-        Training quantiles (``scaling="quantile"``), ``n = min(1000, rows)``.
+        Standardisation fitted on the training data (`scaling="standard"`).
+    quantiles_ : ndarray `[n, d]`
+        Training quantiles (`scaling="quantile"`), `n = min(1000, rows)`.
     selected_ : ndarray of int
         Indices of the features the MLP sees, in increasing order (all of them unless
-        ``select`` is set), counted within :attr:`columns_`.
-    scaling_, select_ : the scaling and ``select`` used: the parameters, or ``auto``'s choice.
+        `select` is set), counted within `columns_`.
+    scaling_, select_ : the scaling and `select` used: the parameters, or `auto`'s choice.
     columns_ : ndarray of int
-        The columns of ``X`` the predictor reads (all, unless ``auto`` chose one of
-        ``column_sets``).
+        The columns of `X` the predictor reads (all, unless `auto` chose one of
+        `column_sets`).
     auto_scores_ : list of dict
-        With ``auto``: each candidate and its mean cross-validated ROC AUC, in the order tried.
-    scores_ : ndarray ``[d]``
-        Their F statistics on the scaled training data (``select`` set; 0 for a feature
+        With `auto`: each candidate and its mean cross-validated ROC AUC, in the order tried.
+    scores_ : ndarray `[d]`
+        Their F statistics on the scaled training data (`select` set; 0 for a feature
         constant in the training data).
     network_ : torch.nn.Sequential
 
@@ -411,8 +411,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     @classmethod
     def spec(cls, **params: Any) -> "PerformancePredictor":
-        """The seed's method exactly: :attr:`SPEC_PARAMS` (an MLP of 32 hidden units on
-        standardised features), with ``params`` (``random_state``, ``feature_settings``, ...).
+        """The seed's method exactly: `SPEC_PARAMS` (an MLP of 32 hidden units on
+        standardised features), with `params` (`random_state`, `feature_settings`, ...).
 
         Examples
         --------
@@ -422,11 +422,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         return cls(**{**cls.SPEC_PARAMS, **params})
 
     def fit(self, X, y) -> "PerformancePredictor":
-        """Fit on features ``X [runs, d]`` and labels ``y [runs]``; returns ``self``.
+        """Fit on features `X [runs, d]` and labels `y [runs]`; returns `self`.
 
-        The steps: validate and encode the labels; with ``auto``, choose the settings
-        (:meth:`_search`); scale and select on the finite training rows; train the MLP
-        (:meth:`_train`)."""
+        The steps: validate and encode the labels; with `auto`, choose the settings
+        (`_search`); scale and select on the finite training rows; train the MLP
+        (`_train`)."""
         self._check_params()
         marked = self.blocks if self.blocks != "auto" else getattr(X, "column_blocks", None)
         X, y = validate_data(self, X, y, ensure_all_finite=False, dtype=np.float64)
@@ -458,7 +458,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         return self
 
     def _resolve_blocks(self, marked: Any, d: int) -> tuple[int, ...] | None:
-        """The column blocks the fit uses (see ``blocks``), or ``None`` for one model."""
+        """The column blocks the fit uses (see `blocks`), or `None` for one model."""
         if marked is None or self.hidden_sizes or self.select is not None or self.auto or self.column_sets:
             return None
         widths = tuple(int(w) for w in marked)
@@ -477,8 +477,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         )
 
     def _search(self, X: np.ndarray, y: np.ndarray) -> tuple[str, int | None, np.ndarray]:
-        """``auto``: the (scaling, select, columns) with the best mean ROC AUC over stratified
-        folds of the training rows ``X`` (finite, encoded labels ``y``)."""
+        """`auto`: the (scaling, select, columns) with the best mean ROC AUC over stratified
+        folds of the training rows `X` (finite, encoded labels `y`)."""
         from sklearn.metrics import roc_auc_score
         from sklearn.model_selection import StratifiedKFold
 
@@ -572,13 +572,13 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         return (X - self.mean_) / self.scale_
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
-        """What the MLP sees: the scaled selected features (``X``: the :attr:`columns_`)."""
+        """What the MLP sees: the scaled selected features (`X`: the `columns_`)."""
         Z = self._scale_all(X)
         return Z if self.selected_.size == Z.shape[1] else Z[:, self.selected_]
 
     # --------------------------------------------------------------- prediction
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities ``[runs, n_classes]``; non-finite rows are ``classes_[0]``."""
+        """Class probabilities `[runs, n_classes]`; non-finite rows are `classes_[0]`."""
         check_is_fitted(self, "network_")
         X = validate_data(self, X, reset=False, ensure_all_finite=False, dtype=np.float64)[:, self.columns_]
         finite = np.isfinite(X).all(1)
@@ -601,11 +601,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         return self.classes_[np.argmax(proba, axis=1)]
 
     def predict_runs(self, runs, device=None, strict: bool = False) -> np.ndarray:
-        """Featurise ``runs`` with the saved ``feature_settings``, then :meth:`predict_proba`.
+        """Featurise `runs` with the saved `feature_settings`, then [`predict_proba`][dtg_gpu.PerformancePredictor.predict_proba].
 
         A run that cannot be read or traced gets a row of NaN probabilities (named in a
-        :class:`~dtg_gpu.exceptions.FailedRunsWarning`); ``strict=True`` raises instead. A
-        diverged run (non-finite weights) is insufficient by rule, as in :meth:`predict_proba`.
+        [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning]); `strict=True` raises instead. A
+        diverged run (non-finite weights) is insufficient by rule, as in [`predict_proba`][dtg_gpu.PerformancePredictor.predict_proba].
         """
         from ._engine import READ_ERRORS
         from .analysis import featurize_with_failures, warn_failures
@@ -675,7 +675,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     # -------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:
-        """Write the fitted predictor and its feature settings to one ``.safetensors`` file."""
+        """Write the fitted predictor and its feature settings to one `.safetensors` file."""
         from safetensors.torch import save_file
 
         check_is_fitted(self, "network_")
@@ -711,7 +711,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PerformancePredictor":
-        """Read a predictor written by :meth:`save` (no pickle, no code), validated.
+        """Read a predictor written by [`save`][dtg_gpu.PerformancePredictor.save] (no pickle, no code), validated.
 
         Predictor files are untrusted: every field is checked before it is used, and the
         network's shapes against the tensors the file holds before anything is built, so a

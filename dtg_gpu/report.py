@@ -1,4 +1,4 @@
-r"""``report/index.html`` and its PNG plots: what a user looks at after ``dtg demo``."""
+r"""`report/index.html` and its PNG plots: what a user looks at after `dtg demo`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from .statistics import STATISTICS
 
 __all__ = ["write_report", "results_table", "acting_costs", "STOP_BELOW"]
 
-#: The verdict "stop" below this P(sufficient): the default ``min_probability`` of ``dtg watch``,
-#: ``dtg predict`` and :class:`~dtg_gpu.early_stopping.StoppingRule`.
+#: The verdict "stop" below this P(sufficient): the default `min_probability` of `dtg watch`,
+#: `dtg predict` and [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule].
 STOP_BELOW: float = StoppingRule.min_probability
 
 
@@ -107,7 +107,7 @@ def plot_layer_centrality(result, path: Path) -> None:
     plt.close(fig)
 
 
-#: How the rows of :func:`~dtg_gpu.workflow.compare` are named for a reader.
+#: How the rows of [`compare`][dtg_gpu.workflow.compare] are named for a reader.
 ROW_LABELS = {
     "default": "default (dtg_gpu)",
     "dtg": "dtg (seed's method)",
@@ -181,8 +181,8 @@ document.querySelectorAll("table.sortable th").forEach(function (th, col) {
 
 
 def acting_costs(sf, verdicts: dict, stop_below: float = STOP_BELOW) -> list[dict]:
-    """What acting on the verdicts at each early ``k`` (``k < T``) costs and saves: the runs
-    stopped (``P(sufficient) < stop_below``), the share of the remaining epochs they would
+    """What acting on the verdicts at each early `k` (`k < T`) costs and saves: the runs
+    stopped (`P(sufficient) < stop_below`), the share of the remaining epochs they would
     not run, the sufficient runs among them, and whether the best run is kept.
 
     Examples
@@ -264,7 +264,7 @@ def _scores_html(rows: Sequence[dict]) -> str:
 
 
 def _unit(sf) -> str:
-    """What one checkpoint is: ``dtg sweep`` records it (``checkpoint_unit``, ``checkpoint_every``
+    """What one checkpoint is: `dtg sweep` records it (`checkpoint_unit`, `checkpoint_every`
     in run.json); other runs say "checkpoint"."""
     meta = getattr(sf.runs[0], "meta", {}) if getattr(sf, "runs", None) else {}
     unit = meta.get("checkpoint_unit") if isinstance(meta, dict) else None
@@ -276,8 +276,8 @@ def _unit(sf) -> str:
 
 def runs_table_html(sf, verdicts: dict) -> str:
     """A sortable HTML table, one row per run: hyper-parameters, final accuracy, label, and
-    out-of-fold P(sufficient) with the verdict at each ``k``; diverged and left-out runs are
-    marked (see :func:`dtg_gpu.workflow.run_verdicts`)."""
+    out-of-fold P(sufficient) with the verdict at each `k`; diverged and left-out runs are
+    marked (see [`dtg_gpu.workflow.run_verdicts`][dtg_gpu.workflow.run_verdicts])."""
     ks, proba, label = verdicts["ks"], verdicts["proba"], verdicts["label"]
     diverged = _diverged(sf)
     head = ["run", "lr", "dropout", "seed", "final accuracy", "label", "status"]
@@ -325,9 +325,9 @@ def runs_table_html(sf, verdicts: dict) -> str:
 def write_report(
     out: Path, sf, rows: Sequence[dict], example, headline: dict, title: str, verdicts: dict | None = None
 ) -> Path:
-    """Write ``out/index.html`` with the plots beside it; returns its path. With
-    ``verdicts`` (:func:`dtg_gpu.workflow.run_verdicts`) the page opens with the table of
-    runs, P(sufficient) and the verdict at each ``k``."""
+    """Write `out/index.html` with the plots beside it; returns its path. With
+    `verdicts` ([`dtg_gpu.workflow.run_verdicts`][dtg_gpu.workflow.run_verdicts]) the page opens with the table of
+    runs, P(sufficient) and the verdict at each `k`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plot_statistics(sf, out / "statistics_over_training.png")

@@ -1,16 +1,16 @@
 r"""Per-timestep statistics of centrality vectors (method step 4.1), batched.
 
-For a centrality vector :math:`x \in \mathbb{R}^n` with mean :math:`\bar x` and central
-moments :math:`m_k = \frac1n \sum_i (x_i - \bar x)^k`:
+For a centrality vector $x \in \mathbb{R}^n$ with mean $\bar x$ and central
+moments $m_k = \frac1n \sum_i (x_i - \bar x)^k$:
 
 .. math::
     \text{mean} = \bar x,\quad \text{std} = \sqrt{m_2},\quad
     \text{median} = \tfrac12\bigl(x_{(\lfloor (n-1)/2 \rfloor)} + x_{(\lfloor n/2 \rfloor)}\bigr),\quad
     \text{skewness} = \frac{m_3}{m_2^{3/2}},\quad \text{kurtosis} = \frac{m_4}{m_2^{2}} - 3
 
-exactly NumPy's ``mean``, ``std`` (``ddof=0``), ``median`` and SciPy's biased ``skew`` and
-Fisher ``kurtosis``, including SciPy's rule that skewness and kurtosis are NaN when the
-vector is constant to working precision (``m_2 \le (\varepsilon \bar x)^2``).
+exactly NumPy's `mean`, `std` (`ddof=0`), `median` and SciPy's biased `skew` and
+Fisher `kurtosis`, including SciPy's rule that skewness and kurtosis are NaN when the
+vector is constant to working precision (`m_2 \le (\varepsilon \bar x)^2`).
 """
 
 from __future__ import annotations
@@ -41,21 +41,21 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
 
     Parameters
     ----------
-    x : Tensor ``[G, N]``, or ``[total]`` with ``ptr``
+    x : Tensor `[G, N]`, or `[total]` with `ptr`
         One centrality vector per row; or the vectors of graphs of different sizes laid
         end to end.
-    ptr : LongTensor ``[G + 1]``, optional
-        Offsets of each vector in a flat ``x`` (PyG's ``Batch.ptr``).
+    ptr : LongTensor `[G + 1]`, optional
+        Offsets of each vector in a flat `x` (PyG's `Batch.ptr`).
 
     Returns
     -------
-    Tensor ``[G, 5]``
-        Columns in the order of :data:`STATISTICS`. A row with a NaN input is all NaN.
+    Tensor `[G, 5]`
+        Columns in the order of `STATISTICS`. A row with a NaN input is all NaN.
 
     Raises
     ------
     ValueError
-        An empty vector, or ``x``/``ptr`` of the wrong shape.
+        An empty vector, or `x`/`ptr` of the wrong shape.
 
     Examples
     --------
@@ -102,8 +102,8 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
 
 
 def layer_node_groups(topology, min_nodes: int = 3) -> list[tuple[str, torch.Tensor]]:
-    """The nodes of each layer (by :attr:`ChannelTopology.node_owner`), in node order, for
-    layers with at least ``min_nodes`` nodes (fewer give constant skewness/kurtosis)."""
+    """The nodes of each layer (by `ChannelTopology.node_owner`), in node order, for
+    layers with at least `min_nodes` nodes (fewer give constant skewness/kurtosis)."""
     owners: dict[str, list[int]] = {}
     for i, owner in enumerate(topology.node_owner):
         owners.setdefault(owner, []).append(i)
@@ -111,10 +111,10 @@ def layer_node_groups(topology, min_nodes: int = 3) -> list[tuple[str, torch.Ten
 
 
 def layer_statistics(x: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.Tensor:
-    r"""The five statistics of each node group of each vector: ``[G, 5·L]`` in one pass.
+    r"""The five statistics of each node group of each vector: `[G, 5·L]` in one pass.
 
-    ``x`` is ``[G, N]``; group ``l`` is the index tensor ``groups[l]``. Columns are
-    ``[group 0: mean … kurtosis, group 1: …]``. Used by ``featurize(per_layer=True)``.
+    `x` is `[G, N]`; group `l` is the index tensor `groups[l]`. Columns are
+    `[group 0: mean … kurtosis, group 1: …]`. Used by `featurize(per_layer=True)`.
 
     Examples
     --------

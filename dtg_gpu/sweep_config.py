@@ -1,7 +1,7 @@
-r"""What a sweep trains (:class:`SweepConfig`), the named presets and the benchmark suite.
+r"""What a sweep trains ([`SweepConfig`][dtg_gpu.sweeps.SweepConfig]), the named presets and the benchmark suite.
 
-Torch-free, so the CLI can list the presets (``dtg sweep --preset``) without importing torch;
-:mod:`dtg_gpu.sweeps` trains them.
+Torch-free, so the CLI can list the presets (`dtg sweep --preset`) without importing torch;
+`dtg_gpu.sweeps` trains them.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from typing import Any
 
 __all__ = ["SweepConfig", "PRESETS", "SUITE", "OPTIMIZERS", "LR_SCHEDULES", "lr_factor"]
 
-#: Optimisers a sweep trains with (``torch.optim.SGD`` with momentum, ``Adam``, ``AdamW``).
+#: Optimisers a sweep trains with (`torch.optim.SGD` with momentum, `Adam`, `AdamW`).
 OPTIMIZERS = ("sgd", "adam", "adamw")
-#: Per-epoch learning-rate schedules: see :func:`lr_factor`.
+#: Per-epoch learning-rate schedules: see `lr_factor`.
 LR_SCHEDULES = ("constant", "cosine", "step")
 
 
 @dataclass
 class SweepConfig:
-    """What to train. ``checkpoint_every`` counts ``checkpoint_unit`` ("epoch" or "step").
+    """What to train. `checkpoint_every` counts `checkpoint_unit` ("epoch" or "step").
 
-    ``optimizer``: ``"sgd"`` (with ``momentum``), ``"adam"`` or ``"adamw"`` (decoupled
-    ``weight_decay``). ``lr_schedule``: ``"constant"``, ``"cosine"`` or ``"step"``
-    (:func:`lr_factor`).
+    `optimizer`: `"sgd"` (with `momentum`), `"adam"` or `"adamw"` (decoupled
+    `weight_decay`). `lr_schedule`: `"constant"`, `"cosine"` or `"step"`
+    (`lr_factor`).
     """
 
     model: str = "lenet5"
@@ -89,7 +89,7 @@ class SweepConfig:
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> "SweepConfig":
-        """A named sweep of the benchmark set (:data:`PRESETS`), with ``changes`` applied.
+        """A named sweep of the benchmark set (`PRESETS`), with `changes` applied.
 
         Raises
         ------
@@ -109,8 +109,8 @@ class SweepConfig:
         ]
 
 
-#: Named sweeps, 96 runs each on offline data (``dtg sweep --preset NAME --out DIR``): the
-#: benchmark suite :data:`SUITE` every prediction and early-stopping claim is measured on.
+#: Named sweeps, 96 runs each on offline data (`dtg sweep --preset NAME --out DIR`): the
+#: benchmark suite `SUITE` every prediction and early-stopping claim is measured on.
 PRESETS: dict[str, SweepConfig] = {
     # LeNet-5, plain SGD with momentum, 20 epochs
     "lenet5-digits": SweepConfig(
@@ -207,12 +207,12 @@ SUITE: tuple[str, ...] = tuple(PRESETS)
 
 
 def lr_factor(cfg: SweepConfig, epoch: int) -> float:
-    r"""The learning rate of 1-based ``epoch`` of ``E = cfg.epochs`` as a share of the run's ``lr``.
+    r"""The learning rate of 1-based `epoch` of `E = cfg.epochs` as a share of the run's `lr`.
 
-    * ``"constant"``: 1.
-    * ``"cosine"``: :math:`\tfrac12 (1 + \cos(\pi (e - 1) / E))`, the full rate first,
-      about ``lr/100`` last at 16 epochs.
-    * ``"step"``: 1 up to epoch ``E/2``, 0.1 up to ``3E/4``, 0.01 after.
+    * `"constant"`: 1.
+    * `"cosine"`: $\tfrac12 (1 + \cos(\pi (e - 1) / E))$, the full rate first,
+      about `lr/100` last at 16 epochs.
+    * `"step"`: 1 up to epoch `E/2`, 0.1 up to `3E/4`, 0.01 after.
 
     Examples
     --------

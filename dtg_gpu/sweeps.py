@@ -1,8 +1,8 @@
 r"""Seed-model sweeps (method step 1): one architecture, one dataset, a grid of learning
 rates × dropout rates × seeds, written in the on-disk format of docs/method.md.
 
-Crash safety: every file goes to ``NAME.tmp`` and is renamed into place, and a run's
-``run.json`` is written last, so a folder without a complete ``run.json`` is unfinished.
+Crash safety: every file goes to `NAME.tmp` and is renamed into place, and a run's
+`run.json` is written last, so a folder without a complete `run.json` is unfinished.
 A restarted sweep skips complete runs and redoes unfinished ones from scratch; killing it
 at any moment loses no completed run.
 """
@@ -54,7 +54,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def _save_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
     """Write a state dict as safetensors, atomically; returns its size and SHA-256, which
-    ``run.json`` records so that a resumed sweep or a reader can tell a damaged file."""
+    `run.json` records so that a resumed sweep or a reader can tell a damaged file."""
     from safetensors.torch import save_file
 
     cpu = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
@@ -81,7 +81,7 @@ def _run_meta(
     diverged: bool,
     seconds: float,
 ) -> dict[str, Any]:
-    """The content of a finished run's ``run.json``."""
+    """The content of a finished run's `run.json`."""
     if not checkpoints:
         raise ValueError(
             f"{name}: training saved no checkpoint (checkpoint_every={cfg.checkpoint_every} "
@@ -139,7 +139,7 @@ def _evaluate(model, x, y, batch: int = 1024) -> tuple[float, float]:
 
 
 def _epochs(cfg: SweepConfig, progress: bool, desc: str):
-    """Epochs ``1 … cfg.epochs``, under a tqdm bar with ``progress``."""
+    """Epochs `1 … cfg.epochs`, under a tqdm bar with `progress`."""
     epochs = range(1, int(cfg.epochs) + 1)
     if not progress:
         return epochs
@@ -152,22 +152,22 @@ _lr_factor = lr_factor  # the name the tests and older callers use
 
 
 def _minibatches(n: int, batch_size: int, gen: torch.Generator, device: torch.device):
-    """One epoch's mini-batch indices: a permutation drawn from ``gen`` (the seed's batch
-    order, shared by every run of the seed), cut into ``batch_size`` pieces."""
+    """One epoch's mini-batch indices: a permutation drawn from `gen` (the seed's batch
+    order, shared by every run of the seed), cut into `batch_size` pieces."""
     order = torch.randperm(n, generator=gen).to(device)
     for i in range(0, n, batch_size):
         yield order[i : i + batch_size]
 
 
 def _due(cfg: SweepConfig, unit: str, count: int) -> bool:
-    """Whether a checkpoint is due after ``count`` steps (``unit="step"``) or epochs."""
+    """Whether a checkpoint is due after `count` steps (`unit="step"`) or epochs."""
     return cfg.checkpoint_unit == unit and count % cfg.checkpoint_every == 0
 
 
 def train_run(
     cfg: SweepConfig, ds: Dataset, point: dict[str, Any], folder: Path, device: torch.device, progress: bool = False
 ) -> dict[str, Any]:
-    """Train one run of the grid into ``folder``; returns its ``run.json`` content."""
+    """Train one run of the grid into `folder`; returns its `run.json` content."""
     started = time.time()
     torch.manual_seed(point["seed"])
     kwargs = dict(num_classes=ds.num_classes, in_channels=ds.in_channels, dropout=point["dropout"], **cfg.model_kwargs)
@@ -218,7 +218,7 @@ def train_run(
 
 
 def _groupable(cfg: SweepConfig, ds: Dataset) -> bool:
-    """Runs can train together: plain SGD and a plain sequential CNN (see :mod:`._grouped`)."""
+    """Runs can train together: plain SGD and a plain sequential CNN (see `._grouped`)."""
     probe = build_model(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels, **cfg.model_kwargs)
     return cfg.optimizer == "sgd" and sequential_layers(probe) is not None
 
@@ -231,12 +231,12 @@ def train_group(
     device: torch.device,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    r"""Train runs that share a seed at once, as one grouped network (:class:`.GroupedSequential`).
+    r"""Train runs that share a seed at once, as one grouped network (`.GroupedSequential`).
 
-    As in :func:`train_run`, the seed fixes the initial weights and the mini-batch order, so
+    As in `train_run`, the seed fixes the initial weights and the mini-batch order, so
     runs of one seed see the same batches; each run keeps its own learning rate, dropout
-    rate and dropout masks. SGD with momentum is applied per run (``b ← μ b + g``,
-    ``θ ← θ − lr·b``, PyTorch's rule). The same algorithm as :func:`train_run`; only the
+    rate and dropout masks. SGD with momentum is applied per run (`b ← μ b + g`,
+    `θ ← θ − lr·b`, PyTorch's rule). The same algorithm as `train_run`; only the
     dropout masks come from a different random stream.
     """
     started = time.time()
@@ -327,11 +327,11 @@ def tune_cpu_malloc() -> bool:
     r"""Make glibc keep large freed buffers for reuse instead of unmapping them (Linux only).
 
     A training step on CPU allocates activations of tens of MB; glibc serves anything over
-    its mmap threshold (at most 32 MB) with a fresh ``mmap`` that the kernel must zero page
+    its mmap threshold (at most 32 MB) with a fresh `mmap` that the kernel must zero page
     by page, and unmaps it on free. For the grouped digits sweep that was 40 % of the wall
     time in system calls. This raises the threshold to 1 GiB (and the trim threshold to 2 GiB)
-    with ``mallopt`` for the whole process, once. It is what ``run_sweep`` does before
-    training on CPU; set ``DTG_NO_MALLOC_TUNING=1`` to leave the allocator alone.
+    with `mallopt` for the whole process, once. It is what `run_sweep` does before
+    training on CPU; set `DTG_NO_MALLOC_TUNING=1` to leave the allocator alone.
 
     Returns
     -------
@@ -356,8 +356,8 @@ def tune_cpu_malloc() -> bool:
 
 
 def _is_complete(folder: Path, verify: bool = False) -> bool:
-    """A run folder is complete when its ``run.json`` says so and every checkpoint it lists
-    is there, inside the folder, with the size (and with ``verify``, the SHA-256) recorded."""
+    """A run folder is complete when its `run.json` says so and every checkpoint it lists
+    is there, inside the folder, with the size (and with `verify`, the SHA-256) recorded."""
     return _state_of(folder, verify=verify) == "complete"
 
 
@@ -370,9 +370,9 @@ def _sha256_of(path: Path) -> str:
 
 
 def _state_of(folder: Path, verify: bool = False) -> str:
-    """``"complete"``, ``"unfinished"`` (no ``run.json`` yet: training stopped before the end),
-    or why a run is damaged: a ``run.json`` that cannot be read or does not say complete, a
-    file missing, outside the folder, not of the size recorded, or (``verify``) not of the
+    """`"complete"`, `"unfinished"` (no `run.json` yet: training stopped before the end),
+    or why a run is damaged: a `run.json` that cannot be read or does not say complete, a
+    file missing, outside the folder, not of the size recorded, or (`verify`) not of the
     SHA-256 recorded."""
     manifest = folder / "run.json"
     if not manifest.exists() and not manifest.is_symlink():
@@ -414,14 +414,14 @@ def _state_of(folder: Path, verify: bool = False) -> str:
     return "complete"
 
 
-#: The files ``dtg sweep`` writes into a run folder before its ``run.json``: checkpoints and
+#: The files `dtg sweep` writes into a run folder before its `run.json`: checkpoints and
 #: the temporaries of their atomic writes. An unfinished folder holding only these is cleared.
 _OWN_PARTIAL = re.compile(r"ckpt-\d{4,}\.safetensors|\.ckpt-\d{4,}\.safetensors\.[^/]*\.tmp\.safetensors")
 ASIDE_DIRNAME = ".dtg-aside"
 
 
 def _move_aside(out: Path, folder: Path, why: str) -> Path:
-    """Rename ``folder`` (or a file or link in its place) into ``out/.dtg-aside/`` under a
+    """Rename `folder` (or a file or link in its place) into `out/.dtg-aside/` under a
     fresh name and say so: dtg never deletes what it cannot prove it wrote."""
     aside = out / ASIDE_DIRNAME
     aside.mkdir(exist_ok=True)
@@ -436,8 +436,8 @@ def _move_aside(out: Path, folder: Path, why: str) -> Path:
 
 
 def _clear_for_training(out: Path, folder: Path) -> None:
-    """Make ``folder`` an empty run folder: an unfinished one that holds only dtg's own
-    checkpoints is emptied; anything else (a ``run.json``, a user's file, a damaged run, a
+    """Make `folder` an empty run folder: an unfinished one that holds only dtg's own
+    checkpoints is emptied; anything else (a `run.json`, a user's file, a damaged run, a
     link or file in its place) is moved aside whole."""
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         _move_aside(out, folder, "not a run folder dtg wrote")
@@ -455,7 +455,7 @@ def _clear_for_training(out: Path, folder: Path) -> None:
 
 def _grid_mismatch(folder: Path, cfg: SweepConfig, point: dict[str, Any]) -> str | None:
     """Why a complete run is not the one the grid puts there (model, data, lr, dropout or
-    seed differ), or ``None``."""
+    seed differ), or `None`."""
     try:
         meta = read_manifest(folder / "run.json")
     except CheckpointError as exc:
@@ -469,7 +469,7 @@ def _grid_mismatch(folder: Path, cfg: SweepConfig, point: dict[str, Any]) -> str
 
 
 def _sweep_grid(meta: Any) -> tuple[SweepConfig, list[dict[str, Any]]] | None:
-    """The config and grid a ``sweep.json`` records, when it is one dtg can rebuild."""
+    """The config and grid a `sweep.json` records, when it is one dtg can rebuild."""
     config = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(config, dict):
         return None
@@ -494,32 +494,32 @@ def run_sweep(
     executor: str = "local",
     address: str | None = None,
 ) -> Path:
-    r"""Train every run of the grid into ``out`` (resumable).
+    r"""Train every run of the grid into `out` (resumable).
 
     Parameters
     ----------
     cfg : SweepConfig
     out : path
-        Sweep folder: ``sweep.json`` and ``run-0000/``, ``run-0001/``, ...
+        Sweep folder: `sweep.json` and `run-0000/`, `run-0001/`, ...
     data_root, download
         Where torchvision datasets live, and whether they may be downloaded.
     device : optional
-        ``None``: CUDA when available.
+        `None`: CUDA when available.
     progress : bool, default True
         tqdm bars over runs and epochs.
     group_size : int, default 32
         Up to this many runs of one seed are trained at once as one grouped network (plain
         SGD, sequential CNNs such as LeNet-5 and VGG without batch norm; see
-        :mod:`dtg_gpu._grouped`); ``1`` trains one run at a time.
+        `dtg_gpu._grouped`); `1` trains one run at a time.
     executor : {"local", "ray"}, default "local"
-        ``"ray"``: each batch of runs is one Ray task (``num_gpus=1`` when the cluster has
-        GPUs), which loads the dataset on its node (``data_root`` must be readable there),
-        trains and writes its run folders into ``out`` (storage every node sees). A batch
-        whose task fails is named in a :class:`~dtg_gpu.exceptions.SweepFailedError` after
+        `"ray"`: each batch of runs is one Ray task (`num_gpus=1` when the cluster has
+        GPUs), which loads the dataset on its node (`data_root` must be readable there),
+        trains and writes its run folders into `out` (storage every node sees). A batch
+        whose task fails is named in a [`SweepFailedError`][dtg_gpu.exceptions.SweepFailedError] after
         the others finish; rerunning trains only what is not complete. Needs
-        ``pip install 'dtg_gpu[ray]'``.
+        `pip install 'dtg_gpu[ray]'`.
     address : str, optional
-        The Ray cluster (as in :func:`~dtg_gpu.workflow.featurize_sweep`); default: the one
+        The Ray cluster (as in [`featurize_sweep`][dtg_gpu.workflow.featurize_sweep]); default: the one
         this process is connected to, else a local instance for this call.
 
     Returns
@@ -529,9 +529,9 @@ def run_sweep(
     Raises
     ------
     ValueError
-        A bad config, or ``out`` holds a different sweep.
+        A bad config, or `out` holds a different sweep.
     DatasetNotFoundError
-        The dataset is not under ``data_root``.
+        The dataset is not under `data_root`.
     """
     cfg.validate()
     if executor not in ("local", "ray"):
@@ -595,7 +595,7 @@ def run_sweep(
 
 
 def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
-    """``out`` may hold this sweep (resume) or nothing trained yet; never a different one."""
+    """`out` may hold this sweep (resume) or nothing trained yet; never a different one."""
     old = read_manifest(path)
     # fields added since: a sweep written before them resumes
     defaults = {"weight_decay": 0.0, "lr_schedule": "constant"}
@@ -616,7 +616,7 @@ def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
 
 def _warn_foreign(out: Path, cfg: SweepConfig, names: list[str], grid: list[dict[str, Any]]) -> None:
     """Complete runs that are not the grid's are kept as they are (never trained over) and
-    named; :func:`load_sweep` leaves them out as failed."""
+    named; [`load_sweep`][dtg_gpu.sweeps.load_sweep] leaves them out as failed."""
     foreign = [why for n, p in zip(names, grid) if _is_complete(out / n) and (why := _grid_mismatch(out / n, cfg, p))]
     if foreign:
         warnings.warn(
@@ -628,7 +628,7 @@ def _warn_foreign(out: Path, cfg: SweepConfig, names: list[str], grid: list[dict
 
 
 def _check_empty(out: Path) -> None:
-    """A folder without ``sweep.json`` must be empty (a crashed start may leave the lock file):
+    """A folder without `sweep.json` must be empty (a crashed start may leave the lock file):
     dtg never adopts, or deletes, what it did not write."""
     others = sorted(e.name for e in out.iterdir() if e.name != ".dtg-sweep.lock")
     if others:
@@ -660,7 +660,7 @@ def _check_trainable(cfg: SweepConfig, ds: Dataset) -> None:
 @contextmanager
 def _sweep_lock(out: Path):
     """An exclusive OS lock on the sweep folder for the whole training: it dies with the
-    process (a killed sweep never blocks its restart), and a second ``dtg sweep`` on the
+    process (a killed sweep never blocks its restart), and a second `dtg sweep` on the
     same folder is refused instead of deleting the first one's runs."""
     try:
         import fcntl
@@ -683,7 +683,7 @@ def _sweep_lock(out: Path):
 
 
 def _batches(cfg: SweepConfig, ds: Dataset, todo: list, group_size: int) -> list[list]:
-    """The unfinished runs in training batches: up to ``group_size`` runs of one seed trained
+    """The unfinished runs in training batches: up to `group_size` runs of one seed trained
     as one grouped network where the model allows, else one run each."""
     if group_size > 1 and _groupable(cfg, ds):
         by_seed: dict[int, list] = {}
@@ -696,9 +696,9 @@ def _batches(cfg: SweepConfig, ds: Dataset, todo: list, group_size: int) -> list
 def train_batch(
     cfg: SweepConfig, ds: Dataset, batch: list, out: Path, dev: torch.device, progress: bool = False
 ) -> list[str]:
-    """Train one batch of ``(name, point)`` runs into ``out/name`` from scratch (an unfinished
-    folder left by a killed attempt is cleared first) and write each ``run.json`` last,
-    atomically: what a local sweep runs per batch, and a Ray task of ``dtg sweep --ray``."""
+    """Train one batch of `(name, point)` runs into `out/name` from scratch (an unfinished
+    folder left by a killed attempt is cleared first) and write each `run.json` last,
+    atomically: what a local sweep runs per batch, and a Ray task of `dtg sweep --ray`."""
     folders = [out / name for name, _ in batch]
     for folder in folders:
         _clear_for_training(out, folder)  # unfinished or damaged (checked under the lock): redo it
@@ -730,9 +730,9 @@ def _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size) -> None:
 
 
 class SweepRuns(list):
-    """The runs of a sweep (a ``list`` of :class:`~dtg_gpu.Run`), in ``failed`` the run
-    folders that could not be read, each with the reason, and in ``path`` the sweep folder
-    (where :func:`~dtg_gpu.workflow.featurize_sweep` keeps its feature cache)."""
+    """The runs of a sweep (a `list` of [`Run`][dtg_gpu.Run]), in `failed` the run
+    folders that could not be read, each with the reason, and in `path` the sweep folder
+    (where [`featurize_sweep`][dtg_gpu.workflow.featurize_sweep] keeps its feature cache)."""
 
     def __init__(self, runs=(), failed: dict[str, str] | None = None, path: str | os.PathLike | None = None):
         super().__init__(runs)
@@ -751,35 +751,35 @@ def load_sweep(
     """The complete runs of a sweep folder, in grid order.
 
     Unfinished runs are skipped with a warning. A complete run whose folder cannot be read
-    (corrupt ``run.json``, missing or foreign checkpoint files, unknown model) is left out
-    and named, with the reason, in the returned list's ``failed`` and in one
-    :class:`~dtg_gpu.exceptions.FailedRunsWarning`; one bad run never stops the sweep.
+    (corrupt `run.json`, missing or foreign checkpoint files, unknown model) is left out
+    and named, with the reason, in the returned list's `failed` and in one
+    [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning]; one bad run never stops the sweep.
 
     Parameters
     ----------
     path : path-like
-        The sweep folder (``sweep.json`` and one folder per run).
+        The sweep folder (`sweep.json` and one folder per run).
     strict : bool, default False
         Raise the first run's error instead.
     model : torch.nn.Module, optional
-        The architecture of every run (your own class), instead of the one each ``run.json``
-        names. With a model, ``path`` may also be a plain folder of run folders without
-        ``sweep.json`` (Lightning, Hugging Face or numbered checkpoint files, see
-        :meth:`~dtg_gpu.Run.from_dir`): every sub-folder holding checkpoints is a run, in
-        the natural order of the names; a ``run.json`` beside the checkpoints may give its
-        ``final_accuracy``.
+        The architecture of every run (your own class), instead of the one each `run.json`
+        names. With a model, `path` may also be a plain folder of run folders without
+        `sweep.json` (Lightning, Hugging Face or numbered checkpoint files, see
+        [`from_dir`][dtg_gpu.Run.from_dir]): every sub-folder holding checkpoints is a run, in
+        the natural order of the names; a `run.json` beside the checkpoints may give its
+        `final_accuracy`.
     prefix : str, optional
-        Key prefix of the weights in the checkpoints (as in :class:`~dtg_gpu.Run`).
+        Key prefix of the weights in the checkpoints (as in [`Run`][dtg_gpu.Run]).
     pattern : str, optional
-        In folders without ``run.json``: which checkpoint files, as a glob (``"ema_*.pt"``;
-        see :meth:`~dtg_gpu.Run.from_dir`).
+        In folders without `run.json`: which checkpoint files, as a glob (`"ema_*.pt"`;
+        see [`from_dir`][dtg_gpu.Run.from_dir]).
 
     Raises
     ------
     FileNotFoundError
-        No ``sweep.json`` in ``path`` (and no ``model`` given).
+        No `sweep.json` in `path` (and no `model` given).
     CheckpointError
-        ``sweep.json`` is not valid (not JSON, no ``runs`` list, a run name that leads
+        `sweep.json` is not valid (not JSON, no `runs` list, a run name that leads
         outside the folder); the message names the file and the field.
     """
     from ._engine import READ_ERRORS
@@ -832,7 +832,7 @@ def load_sweep(
 
 
 def _load_run_folders(path: Path, model, prefix: str | None, strict: bool, pattern: str | None = None) -> SweepRuns:
-    """Every sub-folder of ``path`` that holds checkpoints, as a run of ``model``."""
+    """Every sub-folder of `path` that holds checkpoints, as a run of `model`."""
     from ._engine import READ_ERRORS
     from .analysis import warn_failures
     from .checkpoints import _natural_key, _scan_checkpoints

@@ -1,22 +1,22 @@
 r"""The channel topology of a model: which channel spaces every weight layer joins (method step 2).
 
-A model's *weight layers* are its ``Conv1d/2d/3d`` and ``Linear`` modules, in the order
+A model's *weight layers* are its `Conv1d/2d/3d` and `Linear` modules, in the order
 the forward pass runs them. Its *nodes* are channel spaces: the input channels of the
 first weight layer and the output channels / features of every weight layer. This module
 derives, once per architecture, for every weight layer the node index of each output
 unit and each input unit. Weights never enter here: the same topology serves every
 checkpoint of every run of that architecture.
 
-The forward pass is read with :mod:`torch.fx`. Each traced value carries the node ids of
+The forward pass is read with `torch.fx`. Each traced value carries the node ids of
 its channel dimension; these rules move them along:
 
 * a weight layer allocates new ids for its outputs;
-* ``a + b``, ``a - b``, ``a * b``, ``a / b``, ``maximum``/``minimum`` of two tensors with the
+* `a + b`, `a - b`, `a * b`, `a / b`, `maximum`/`minimum` of two tensors with the
   same channel count unify their ids (residual streams are one set of nodes; an SE gate and
   the features it scales too), whatever the operand order;
-* ``torch.cat(..., dim=1)`` concatenates ids; channel slicing is not modelled;
-* ``flatten`` / ``view(B, -1)`` keeps the ids and marks the value flat, so a ``Linear``
-  with ``in = C·S`` sees ``C`` channels of ``S`` positions each;
+* `torch.cat(..., dim=1)` concatenates ids; channel slicing is not modelled;
+* `flatten` / `view(B, -1)` keeps the ids and marks the value flat, so a `Linear`
+  with `in = C·S` sees `C` channels of `S` positions each;
 * every other op (activations, pooling, normalisation, dropout, ...) keeps its first
   tensor argument's ids.
 
@@ -63,32 +63,32 @@ class WeightLayer:
     Attributes
     ----------
     name : str
-        Qualified module name (``"features.0"``).
+        Qualified module name (`"features.0"`).
     param : str
-        State-dict key of its weight (``"features.0.weight"``).
+        State-dict key of its weight (`"features.0.weight"`).
     kind : {"conv", "linear"}
     weight_shape : tuple of int
-        Shape of the weight, ``[out, in/groups, k...]`` or ``[out, in]``.
-    out_nodes : LongTensor ``[out]``
+        Shape of the weight, `[out, in/groups, k...]` or `[out, in]`.
+    out_nodes : LongTensor `[out]`
         Node of each output channel / feature.
-    in_nodes : LongTensor ``[C]``
-        Node of each input channel. For a ``Linear`` after a flatten, ``C = in / spatial``.
+    in_nodes : LongTensor `[C]`
+        Node of each input channel. For a `Linear` after a flatten, `C = in / spatial`.
     groups : int
-        Convolution groups: output ``i`` of group ``g`` joins inputs
-        ``in_nodes[g·C/groups : (g+1)·C/groups]``.
+        Convolution groups: output `i` of group `g` joins inputs
+        `in_nodes[g·C/groups : (g+1)·C/groups]`.
     spatial : int
-        Positions per channel ``S`` of a flattened map consumed by a ``Linear``.
+        Positions per channel `S` of a flattened map consumed by a `Linear`.
     sources, source_shapes : tuple
-        For a weight computed in the forward pass (a ``Conv``/``Linear`` subclass with its
-        own ``forward``, ``F.conv2d(x, f(self.weight))``, LoRA's ``W + B·A``): the
+        For a weight computed in the forward pass (a `Conv`/`Linear` subclass with its
+        own `forward`, `F.conv2d(x, f(self.weight))`, LoRA's `W + B·A`): the
         state-dict entries it is computed from and their shapes; empty for a plain weight.
     effective : callable, optional
         That computation, traced from the forward pass (it depends on no input).
     batchnorm : tuple, optional
         The batch norm that directly follows the layer (its output's only consumer), as
-        ``(module name, eps, state-dict sources, their shapes)``, the sources being its
-        ``running_var`` and, when affine, its ``weight`` (γ). Used by
-        :meth:`ChannelTopology.fold_batchnorm`; ``None`` otherwise.
+        `(module name, eps, state-dict sources, their shapes)`, the sources being its
+        `running_var` and, when affine, its `weight` (γ). Used by
+        [`ChannelTopology.fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]; `None` otherwise.
     """
 
     name: str
@@ -105,9 +105,9 @@ class WeightLayer:
     batchnorm: tuple | None = None
 
     def effective_weight(self, state: dict) -> torch.Tensor:
-        """The weight the forward pass uses: ``state[param]``, or for a computed weight
-        (weight standardisation, ``W + B·A``, ...) the traced computation applied to the
-        checkpoint's ``sources`` (in float32, or float64 when a source is)."""
+        """The weight the forward pass uses: `state[param]`, or for a computed weight
+        (weight standardisation, `W + B·A`, ...) the traced computation applied to the
+        checkpoint's `sources` (in float32, or float64 when a source is)."""
         if self.effective is None:
             return state[self.param]
         args = [state[k] for k in self.sources]
@@ -125,7 +125,7 @@ class WeightLayer:
 
     @property
     def block_shape(self) -> tuple[int, int]:
-        """Shape ``(out, C/groups)`` of the filter-norm block of one checkpoint."""
+        """Shape `(out, C/groups)` of the filter-norm block of one checkpoint."""
         return (self.out_channels, self.in_channels // self.groups)
 
     @property
@@ -133,9 +133,9 @@ class WeightLayer:
         return self.out_channels * (self.in_channels // self.groups)
 
     def edge_index(self) -> torch.Tensor:
-        """Structural edges ``[2, out·C/groups]`` (row: output node, col: input node).
+        """Structural edges `[2, out·C/groups]` (row: output node, col: input node).
 
-        Ordered like ``block.reshape(-1)`` of the layer's filter-norm block.
+        Ordered like `block.reshape(-1)` of the layer's filter-norm block.
         """
         out, cin = self.block_shape
         i = torch.arange(out).repeat_interleave(cin)
@@ -146,7 +146,7 @@ class WeightLayer:
     @cached_property
     def self_loops(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat block positions, and their nodes, where an output unit is its own input unit
-        (``x + conv(x)``); empty unless the layer's input and output spaces share nodes."""
+        (`x + conv(x)`); empty unless the layer's input and output spaces share nodes."""
         if np.intersect1d(self.out_nodes.numpy(), self.in_nodes.numpy()).size == 0:
             none = torch.zeros(0, dtype=torch.long)
             return none, none
@@ -165,15 +165,15 @@ class ChannelTopology:
         In forward order.
     num_nodes : int
     node_owner : tuple of str
-        For each node, the name of the layer whose output first created it (``"input"``
+        For each node, the name of the layer whose output first created it (`"input"`
         for the input channels of the first weight layer).
     traced : bool
-        ``False`` when torch.fx failed and module registration order was used.
+        `False` when torch.fx failed and module registration order was used.
     assumed_ops : tuple of str
-        Operations of the forward pass that are in no table of :mod:`dtg_gpu.topology`
+        Operations of the forward pass that are in no table of [`dtg_gpu.topology`][dtg_gpu.Run.topology]
         (neither known to keep the channels, like activations, pooling and normalisation, nor
         to map them, like slicing and concatenation) and were assumed to keep their input's
-        channels, each as ``op 'name' (node ...) in module ...``. A weight layer that then finds
+        channels, each as `op 'name' (node ...) in module ...`. A weight layer that then finds
         the wrong number of channels names the op in its error.
     """
 
@@ -197,11 +197,11 @@ class ChannelTopology:
         return out
 
     def coverage(self):
-        """Every parameter of the model and what became of it (pandas ``DataFrame``).
+        """Every parameter of the model and what became of it (pandas `DataFrame`).
 
-        Columns ``parameter``, ``shape``, ``role`` (``graphed``, ``bias``,
-        ``normalisation``, ``embedding``, ``unsupported``) and ``reason``. A conv/linear
-        weight that is not graphed is ``unsupported`` with the reason: never silent.
+        Columns `parameter`, `shape`, `role` (`graphed`, `bias`,
+        `normalisation`, `embedding`, `unsupported`) and `reason`. A conv/linear
+        weight that is not graphed is `unsupported` with the reason: never silent.
         """
         import pandas as pd
 
@@ -219,7 +219,7 @@ class ChannelTopology:
 
     @cached_property
     def folded(self) -> "ChannelTopology":
-        """:meth:`fold_batchnorm`, made once per topology (so runs that share a topology
+        """[`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm], made once per topology (so runs that share a topology
         share the folded one, and its index plans)."""
         if not any(layer.batchnorm for layer in self.layers):
             return self
@@ -246,24 +246,24 @@ class ChannelTopology:
 
     def fold_batchnorm(self) -> "ChannelTopology":
         r"""This topology with batch norm folded into the layers it follows (option beyond
-        the method: SPEC's ``fold_batchnorm=True``).
+        the method: SPEC's `fold_batchnorm=True`).
 
-        A conv or linear whose output goes only into a ``BatchNorm1d/2d/3d`` that keeps
+        A conv or linear whose output goes only into a `BatchNorm1d/2d/3d` that keeps
         running statistics gets the weight that network computes with at inference,
 
         .. math::
             W'_{o} = \frac{\gamma_o}{\sqrt{\sigma^2_o + \varepsilon}}\, W_{o}
 
-        per output channel ``o`` (:math:`\gamma = 1` without affine parameters). The edges are
-        the norms of :math:`W'`. Batch norm makes the scale of :math:`W` irrelevant to what the
-        network computes; :math:`W'` carries the scale that matters. Other layers are
+        per output channel `o` ($\gamma = 1$ without affine parameters). The edges are
+        the norms of $W'$. Batch norm makes the scale of $W$ irrelevant to what the
+        network computes; $W'$ carries the scale that matters. Other layers are
         unchanged; nodes and edges are the same. Folding needs the forward pass traced by
         torch.fx (a model traced another way is returned as it is).
 
         Returns
         -------
         ChannelTopology
-            ``self`` when no layer is followed by batch norm.
+            `self` when no layer is followed by batch norm.
         """
         return self.folded
 
@@ -280,7 +280,7 @@ class ChannelTopology:
 
         Each group of a layer joins its output nodes and its input nodes: a star from the
         group's first output node to the others is enough for connectivity
-        (``scipy.sparse.csgraph.connected_components``)."""
+        (`scipy.sparse.csgraph.connected_components`)."""
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
 
@@ -306,18 +306,18 @@ class ChannelTopology:
     def bipartition(self) -> np.ndarray | None:
         r"""A two-colouring in which every layer joins its input side to its output side.
 
-        Returns a bool array ``[num_nodes]`` (``True``: the second colour) such that, in
+        Returns a bool array `[num_nodes]` (`True`: the second colour) such that, in
         every weight layer, all input nodes share one colour and all output nodes the
-        other; ``None`` when there is none (a self-loop, a residual connection that joins
+        other; `None` when there is none (a self-loop, a residual connection that joins
         nodes two layers apart, an odd cycle). Plain chains such as LeNet-5 and VGG have
         one (even layers against odd layers); ResNets do not. Every edge of such a graph
-        joins the two colours, so its adjacency is :math:`\begin{pmatrix}0 & C\\ C^\top & 0
-        \end{pmatrix}` and its spectrum is symmetric (see :class:`~dtg_gpu.graph.BipartiteSquare`).
+        joins the two colours, so its adjacency is $\begin{pmatrix}0 & C\\ C^\top & 0
+        \end{pmatrix}$ and its spectrum is symmetric (see `BipartiteSquare`).
 
-        Computed once per architecture from the layers alone: a node ``v`` gets the
-        copies ``(v, 0)``, ``(v, 1)``; "same colour" joins ``(a, k)`` to ``(b, k)``,
-        "other colour" joins ``(a, k)`` to ``(b, 1-k)``. The constraints are satisfiable
-        exactly when no ``(v, 0)`` is connected to its own ``(v, 1)``.
+        Computed once per architecture from the layers alone: a node `v` gets the
+        copies `(v, 0)`, `(v, 1)`; "same colour" joins `(a, k)` to `(b, k)`,
+        "other colour" joins `(a, k)` to `(b, 1-k)`. The constraints are satisfiable
+        exactly when no `(v, 0)` is connected to its own `(v, 1)`.
         """
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
@@ -361,20 +361,20 @@ class _Val:
 
 
 class _Pieces(list):
-    """The channel slices of ``chunk``/``split`` along dim 1 (a tuple of values)."""
+    """The channel slices of `chunk`/`split` along dim 1 (a tuple of values)."""
 
 
 class _SizeOf:
-    """``x.size()`` of a channel-carrying value: ``[1]`` is its channel count."""
+    """`x.size()` of a channel-carrying value: `[1]` is its channel count."""
 
     def __init__(self, val: _Val):
         self.val = val
 
 
 class _EvalParametrization:
-    """The weight a ``torch.nn.utils.parametrize`` list computes from the checkpoint's
-    tensors (its ``original*`` parameters and its parametrizations' buffers, e.g. spectral
-    norm's ``_u``/``_v``), evaluated in eval mode: no power-iteration step, no buffer
+    """The weight a `torch.nn.utils.parametrize` list computes from the checkpoint's
+    tensors (its `original*` parameters and its parametrizations' buffers, e.g. spectral
+    norm's `_u`/`_v`), evaluated in eval mode: no power-iteration step, no buffer
     written, the same weight at every call (what the network computes at inference)."""
 
     def __init__(self, plist: nn.Module, names: tuple[str, ...]):
@@ -393,7 +393,7 @@ class _EvalParametrization:
 
 
 def _legacy_hook(module: nn.Module, kinds: tuple[type, ...]) -> Any:
-    """The forward pre-hook of one of ``kinds`` that computes ``module.weight``, if any."""
+    """The forward pre-hook of one of `kinds` that computes `module.weight`, if any."""
     for hook in getattr(module, "_forward_pre_hooks", {}).values():
         if isinstance(hook, kinds) and getattr(hook, "name", getattr(hook, "_tensor_name", None)) == "weight":
             return hook
@@ -401,18 +401,18 @@ def _legacy_hook(module: nn.Module, kinds: tuple[type, ...]) -> Any:
 
 
 def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
-    """A module whose ``weight`` is computed from other tensors. Returns the state-dict
+    """A module whose `weight` is computed from other tensors. Returns the state-dict
     sources, their shapes and the computation (eval-mode semantics, exactly as torch computes
     it); empty for a plain weight.
 
-    * ``torch.nn.utils.parametrize`` (``parametrizations.weight.original*``): weight norm,
-      spectral norm (with the checkpoint's ``_u``/``_v``, no power-iteration step),
+    * `torch.nn.utils.parametrize` (`parametrizations.weight.original*`): weight norm,
+      spectral norm (with the checkpoint's `_u`/`_v`, no power-iteration step),
       orthogonal, user parametrizations;
-    * legacy ``torch.nn.utils.weight_norm`` (``weight_g``, ``weight_v``) at the ``dim`` the
-      hook recorded (``None``: one norm over the whole tensor);
-    * legacy ``torch.nn.utils.spectral_norm`` (``weight_orig``, ``weight_u``, ``weight_v``):
-      ``weight_orig / σ`` with ``σ = uᵀ W v`` from the checkpoint's ``u`` and ``v``;
-    * ``torch.nn.utils.prune`` (``weight_orig`` × ``weight_mask``).
+    * legacy `torch.nn.utils.weight_norm` (`weight_g`, `weight_v`) at the `dim` the
+      hook recorded (`None`: one norm over the whole tensor);
+    * legacy `torch.nn.utils.spectral_norm` (`weight_orig`, `weight_u`, `weight_v`):
+      `weight_orig / σ` with `σ = uᵀ W v` from the checkpoint's `u` and `v`;
+    * `torch.nn.utils.prune` (`weight_orig` × `weight_mask`).
     """
     from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
@@ -462,8 +462,8 @@ def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
 
 class _FoldedBatchNorm:
     """The effective weight of a layer followed by batch norm: its own effective weight
-    (``base`` on its first ``n`` sources, or the plain weight) times
-    ``γ/√(σ² + ε)`` per output channel."""
+    (`base` on its first `n` sources, or the plain weight) times
+    `γ/√(σ² + ε)` per output channel."""
 
     def __init__(self, base: Any, n: int, eps: float, affine: bool):
         self.base, self.n, self.eps, self.affine = base, n, eps, affine
@@ -766,12 +766,12 @@ _COMPARE = {operator.eq, operator.ne, operator.lt, operator.le, operator.gt, ope
 _META_ATTRS = {"dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
 # by name: functions of libraries not imported here (torchvision.ops, timm)
 _KEEP_NAMES = {"stochastic_depth", "drop_path", "drop_block_2d", "drop_block_fast_2d"}
-# reductions keep the channels when they reduce other dimensions only (``x.mean((2, 3))``)
+# reductions keep the channels when they reduce other dimensions only (`x.mean((2, 3))`)
 _REDUCE = {"mean", "sum", "amax", "amin", "std", "var", "logsumexp", "nansum", "nanmean"}
 
 
 def _keeps_channels(node: torch.fx.Node) -> bool:
-    """``node`` is an op known to keep its first operand's channels."""
+    """`node` is an op known to keep its first operand's channels."""
     target = node.target
     if node.op == "call_method" and target in _KEEP_METHODS:
         return True
@@ -796,11 +796,11 @@ _LINEAR_FNS = {nn.functional.linear, torch._C._nn.linear}
 
 
 def _weight_program(gm: torch.fx.GraphModule, weight: torch.fx.Node, state: dict):
-    """What a conv/linear call's weight argument is made of: ``(sources, program)``.
+    """What a conv/linear call's weight argument is made of: `(sources, program)`.
 
-    ``sources`` are the state-dict entries it derives from; ``program`` is ``None`` when
-    the argument is a parameter itself, else a traced ``GraphModule`` computing it from the
-    sources (the part of the forward pass that depends on no input). ``None`` overall when
+    `sources` are the state-dict entries it derives from; `program` is `None` when
+    the argument is a parameter itself, else a traced `GraphModule` computing it from the
+    sources (the part of the forward pass that depends on no input). `None` overall when
     the weight depends on the input (not a weight layer)."""
     seen, stack = set(), [weight]
     while stack:
@@ -828,7 +828,7 @@ def _weight_program(gm: torch.fx.GraphModule, weight: torch.fx.Node, state: dict
 
 
 def _add_call(builder: "_Builder", gm, node: torch.fx.Node, val: "_Val", state: dict) -> "_Val | None":
-    """A ``F.conv*``/``F.linear`` call whose weight derives from the model's parameters."""
+    """A `F.conv*`/`F.linear` call whose weight derives from the model's parameters."""
     weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
     if not isinstance(weight, torch.fx.Node):
         return None
@@ -855,8 +855,8 @@ def _add_call(builder: "_Builder", gm, node: torch.fx.Node, val: "_Val", state: 
 
 
 class _Rows:
-    """The effective weight ``W[start:stop]``: one of the q, k, v blocks of a packed
-    ``in_proj_weight``."""
+    """The effective weight `W[start:stop]`: one of the q, k, v blocks of a packed
+    `in_proj_weight`."""
 
     def __init__(self, start: int, stop: int):
         self.start, self.stop = start, stop
@@ -871,13 +871,13 @@ class _Rows:
 def _attention(
     builder: "_Builder", name: str, mod: nn.MultiheadAttention, node: torch.fx.Node, vals: dict
 ) -> "_Pieces":
-    r"""``nn.MultiheadAttention`` as the method says: its in-projection (the q, k and v blocks of
-    ``in_proj_weight``, or ``q/k/v_proj_weight``) and ``out_proj``.
+    r"""`nn.MultiheadAttention` as the method says: its in-projection (the q, k and v blocks of
+    `in_proj_weight`, or `q/k/v_proj_weight`) and `out_proj`.
 
     The query and key projections are weight layers whose outputs feed nothing further
-    (:math:`q k^\top` carries no channels); the attention output carries the value
-    projection's nodes, head by head in order, and ``out_proj`` maps them to its own. The
-    module's output is ``(attn_output, attn_weights)``; the weights carry no channels.
+    ($q k^\top$ carries no channels); the attention output carries the value
+    projection's nodes, head by head in order, and `out_proj` maps them to its own. The
+    module's output is `(attn_output, attn_weights)`; the weights carry no channels.
     """
 
     def arg(i: int, key: str) -> _Val:
@@ -891,8 +891,8 @@ def _attention(
 
 
 def packed_qkv(builder: "_Builder", base: str, src: str, shape: tuple, inputs: Sequence["_Val"]) -> list["_Val"]:
-    """The q, k and v blocks (rows ``[0:d]``, ``[d:2d]``, ``[2d:3d]``) of a packed ``[3d, d]``
-    weight ``src`` as three weight layers ``base.q``/``.k``/``.v`` reading ``inputs``."""
+    """The q, k and v blocks (rows `[0:d]`, `[d:2d]`, `[2d:3d]`) of a packed `[3d, d]`
+    weight `src` as three weight layers `base.q`/`.k`/`.v` reading `inputs`."""
     d = shape[1]
     return [
         builder.add(
@@ -913,9 +913,9 @@ def packed_qkv(builder: "_Builder", base: str, src: str, shape: tuple, inputs: S
 
 
 def encoder_layers(builder: "_Builder", name: str, mod: nn.Module, x: "_Val") -> "_Val":
-    """``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer`` on the residual stream
-    ``x``: per layer, self-attention (:func:`_attention_of`) and the feed-forward ``linear1``
-    → ``linear2``, each added to the stream (the same nodes, as the method's residual
+    """`nn.TransformerEncoder` / `nn.TransformerEncoderLayer` on the residual stream
+    `x`: per layer, self-attention (`_attention_of`) and the feed-forward `linear1`
+    → `linear2`, each added to the stream (the same nodes, as the method's residual
     addition); norms keep the channels. Returns the stream."""
     prefix = f"{name}." if name else ""
     layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
@@ -932,7 +932,7 @@ def encoder_layers(builder: "_Builder", name: str, mod: nn.Module, x: "_Val") ->
 def _attention_of(
     builder: "_Builder", name: str, mod: nn.MultiheadAttention, query: "_Val", key: "_Val", value: "_Val"
 ) -> "_Val":
-    """The layers of one ``nn.MultiheadAttention`` (see :func:`_attention`); its output value."""
+    """The layers of one `nn.MultiheadAttention` (see `_attention`); its output value."""
     prefix = f"{name}." if name else ""
     if mod.in_proj_weight is not None:
         blocks = packed_qkv(
@@ -960,7 +960,7 @@ def _attention_of(
 
 
 def _encoder(builder: "_Builder", name: str, mod: nn.Module, node: torch.fx.Node, vals: dict) -> "_Val":
-    """:func:`encoder_layers` on the module's input value."""
+    """`encoder_layers` on the module's input value."""
     a = node.args[0] if node.args else node.kwargs.get("src")
     x = vals.get(a) if isinstance(a, torch.fx.Node) else None
     if not isinstance(x, _Val):
@@ -969,7 +969,7 @@ def _encoder(builder: "_Builder", name: str, mod: nn.Module, node: torch.fx.Node
 
 
 def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = frozenset()) -> tuple:
-    """One row per parameter: ``(name, shape, role, reason)``; ``joined``: parameters the
+    """One row per parameter: `(name, shape, role, reason)`; `joined`: parameters the
     forward pass adds to or concatenates with the activations (a position embedding, a class
     token)."""
     plain = {l["param"] for l in layers if l.get("effective") is None}
@@ -1028,12 +1028,12 @@ def _dim1(node: torch.fx.Node, pos: int) -> bool:
 
 
 def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bool:
-    """Channel-exact slicing, sizes and shuffles; ``True`` when ``node`` was handled.
+    """Channel-exact slicing, sizes and shuffles; `True` when `node` was handled.
 
-    ``chunk``/``split``/``narrow``/``x[:, a:b]`` along dim 1 give each piece the matching
-    slice of channel nodes; ``x.size()`` / ``x.size(1)`` / ``x.shape`` give the channel count
-    so that shapes computed from it are known; a ``view`` that splits the channel dim into
-    ``(g, C/g)``, a ``transpose`` of those dims and the ``view`` that merges them back permute
+    `chunk`/`split`/`narrow`/`x[:, a:b]` along dim 1 give each piece the matching
+    slice of channel nodes; `x.size()` / `x.size(1)` / `x.shape` give the channel count
+    so that shapes computed from it are known; a `view` that splits the channel dim into
+    `(g, C/g)`, a `transpose` of those dims and the `view` that merges them back permute
     the channel nodes (ShuffleNet's channel shuffle). A reshape of a split channel dim that is
     not understood is an error that names it, never a silent identity.
     """
@@ -1165,9 +1165,9 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
 
 
 class _Tracer(torch.fx.Tracer):
-    """torch.fx's tracer; ``MultiheadAttention`` and ``TransformerEncoder(Layer)`` stay
+    """torch.fx's tracer; `MultiheadAttention` and `TransformerEncoder(Layer)` stay
     leaves (their forward branches on the input, so it cannot be traced) and are handled as
-    units (:func:`_attention`, :func:`_encoder`)."""
+    units (`_attention`, `_encoder`)."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return isinstance(m, _UNITS) or super().is_leaf_module(m, qualname)
@@ -1291,7 +1291,7 @@ def _trace(model: nn.Module) -> ChannelTopology:
 
 
 def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: nn.Module, layer_of: dict) -> None:
-    """Record a batch norm that directly follows a weight layer (for ``fold_batchnorm``):
+    """Record a batch norm that directly follows a weight layer (for `fold_batchnorm`):
     its input is the layer's output and nothing else reads that output."""
     src = node.args[0] if node.args else None
     if not isinstance(src, torch.fx.Node) or src not in layer_of or len(src.users) != 1:
@@ -1332,7 +1332,7 @@ def unknown_module_message(name: str, mod: nn.Module) -> str:
 
 
 def _describe(node: torch.fx.Node) -> str:
-    """``op 'transpose' (node transpose_1) in module 'blocks.0.mlp_tokens' (MixerBlock)``."""
+    """`op 'transpose' (node transpose_1) in module 'blocks.0.mlp_tokens' (MixerBlock)`."""
     op = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     stack = node.meta.get("nn_module_stack") or {}
     where = ""
@@ -1361,7 +1361,7 @@ _PLAIN = (bool, int, float, str, type(None), torch.Size)
 
 def _plain(value: Any) -> Any:
     """A module attribute that can decide the data flow (a flag, a size, a mode, a function
-    it calls), as something hashable; ``NotImplemented`` for anything else (tensors, modules,
+    it calls), as something hashable; `NotImplemented` for anything else (tensors, modules,
     hooks: the state dict and the module tree cover those)."""
     if isinstance(value, _PLAIN):
         return value
@@ -1374,9 +1374,9 @@ def _plain(value: Any) -> Any:
 
 def _settings(mod: nn.Module) -> tuple:
     """The attributes of one module that may decide the flow. torch's own layers: their
-    integer and boolean settings (``groups``, ``stride``, ``in_channels``), not their rates
-    (dropout's ``p``, batch norm's ``eps``/``momentum``) or train/eval mode, which never
-    change which channel feeds which; user modules: every plain attribute, ``training``
+    integer and boolean settings (`groups`, `stride`, `in_channels`), not their rates
+    (dropout's `p`, batch norm's `eps`/`momentum`) or train/eval mode, which never
+    change which channel feeds which; user modules: every plain attribute, `training`
     included (a forward may branch on it)."""
     builtin = type(mod).__module__.startswith("torch.nn.")
     out = []
@@ -1390,8 +1390,8 @@ def _settings(mod: nn.Module) -> tuple:
 
 def _cache_key(model: nn.Module) -> tuple:
     """What decides a model's channel graph: every module's class *object* (a class redefined
-    in a notebook is another key), its settings (:func:`_settings`: constructor flags such as
-    ``residual=True``, a user module's ``training``, sizes, the functions it calls) and every
+    in a notebook is another key), its settings (`_settings`: constructor flags such as
+    `residual=True`, a user module's `training`, sizes, the functions it calls) and every
     tensor's name and shape. Two models with one key run the same forward code on the same
     settings; runs that differ only in dropout rate share one."""
     modules = tuple((name, type(mod), _settings(mod)) for name, mod in model.named_modules())
@@ -1399,39 +1399,39 @@ def _cache_key(model: nn.Module) -> tuple:
 
 
 def channel_topology(model: nn.Module, *, strict: bool = False, fallback: bool = False) -> ChannelTopology:
-    r"""Derive the channel graph layout of ``model`` from its forward pass.
+    r"""Derive the channel graph layout of `model` from its forward pass.
 
     Parameters
     ----------
     model : torch.nn.Module
-        Any module whose weight layers are ``Conv1d/2d/3d`` and ``Linear``.
+        Any module whose weight layers are `Conv1d/2d/3d` and `Linear`.
     strict : bool, default False
-        If ``True``, weight matrices left out of the graph (an unsupported layer) raise
+        If `True`, weight matrices left out of the graph (an unsupported layer) raise
         instead of warning.
     fallback : bool, default False
         A model that neither torch.fx nor the shape tracer can follow (data-dependent
         control flow, untraceable code) is refused by default: its layers' connections are
-        unknown. ``True`` chains its conv/linear layers in *registration order* instead, which
-        is right only for plain chains (with a :class:`TracingFallbackWarning`).
+        unknown. `True` chains its conv/linear layers in *registration order* instead, which
+        is right only for plain chains (with a [`TracingFallbackWarning`][dtg_gpu.exceptions.TracingFallbackWarning]).
 
     Returns
     -------
     ChannelTopology
-        ``num_nodes``, and for each weight layer in forward order its output and input
+        `num_nodes`, and for each weight layer in forward order its output and input
         node ids. Cached per architecture: every module's class, its plain attributes (flags
-        such as ``residual=True``, ``training``) and the tensors' shapes.
+        such as `residual=True`, `training`) and the tensors' shapes.
 
     Raises
     ------
     TopologyError
         No weight layer; a structure whose channel mapping is unknown; a model that cannot
-        be traced (without ``fallback``: the message names the model and the cause); with
-        ``strict``, uncovered weights.
+        be traced (without `fallback`: the message names the model and the cause); with
+        `strict`, uncovered weights.
 
     Warns
     -----
     TracingFallbackWarning
-        With ``fallback=True``: the model could not be traced; its layers are chained in
+        With `fallback=True`: the model could not be traced; its layers are chained in
         registration order.
 
     Examples

@@ -1,11 +1,11 @@
-r"""Watch a sweep folder while it trains: each run's :math:`P(\text{sufficient})` and a
-stop/continue verdict as its checkpoints land, outside any framework (``dtg watch``).
+r"""Watch a sweep folder while it trains: each run's $P(\text{sufficient})$ and a
+stop/continue verdict as its checkpoints land, outside any framework (`dtg watch`).
 
-A run folder counts as finished when its ``run.json`` says ``complete`` (``dtg sweep``'s
+A run folder counts as finished when its `run.json` says `complete` (`dtg sweep`'s
 format); until then its checkpoint files are read as they appear (files are written under a
 temporary name and renamed, so a half-written one is never seen). Finished runs with a
-``final_accuracy`` teach the online rule; a given predictor is used as is. Each checkpoint is
-summarised once (:func:`~dtg_gpu.early_stopping.run_records`), so a pass costs only the new
+`final_accuracy` teach the online rule; a given predictor is used as is. Each checkpoint is
+summarised once ([`run_records`][dtg_gpu.early_stopping.run_records]), so a pass costs only the new
 checkpoints.
 """
 
@@ -55,17 +55,17 @@ class _Seen:
 
 
 class SweepWatcher:
-    """Verdicts for every run of a sweep folder, recomputed incrementally at each :meth:`poll`.
+    """Verdicts for every run of a sweep folder, recomputed incrementally at each [`poll`][dtg_gpu.watch.SweepWatcher.poll].
 
     Parameters
     ----------
     sweep : path
-        A ``dtg sweep`` folder (``sweep.json``), or any folder of run folders (then pass
-        ``model``).
+        A `dtg sweep` folder (`sweep.json`), or any folder of run folders (then pass
+        `model`).
     rule : StoppingRule, optional
-        Default: ``StoppingRule()`` (online learning from the finished runs).
+        Default: `StoppingRule()` (online learning from the finished runs).
     model : torch.nn.Module, optional
-        The runs' architecture; default: built from ``run.json``/``sweep.json``.
+        The runs' architecture; default: built from `run.json`/`sweep.json`.
     device : optional
     """
 
@@ -86,7 +86,7 @@ class SweepWatcher:
 
     # --------------------------------------------------------------- the folder
     def run_folders(self) -> list[Path]:
-        """The run folders: those ``sweep.json`` lists (in grid order), else every subfolder."""
+        """The run folders: those `sweep.json` lists (in grid order), else every subfolder."""
         from ._files import confined_path
         from .checkpoints import read_manifest
 
@@ -101,8 +101,8 @@ class SweepWatcher:
         )
 
     def _sweep_model(self) -> torch.nn.Module:
-        """The model of a ``dtg sweep`` folder, from ``sweep.json`` (runs still training have no
-        ``run.json`` yet)."""
+        """The model of a `dtg sweep` folder, from `sweep.json` (runs still training have no
+        `run.json` yet)."""
         from .checkpoints import CheckpointError, read_manifest
         from .data import _dataset_shape
         from .models import build_model
@@ -117,7 +117,7 @@ class SweepWatcher:
             return build_model(cfg["model"], **kwargs)
 
     def _run_of(self, folder: Path):
-        """``(Run, finished)`` for one folder; a folder with no checkpoint yet gives ``(None, False)``."""
+        """`(Run, finished)` for one folder; a folder with no checkpoint yet gives `(None, False)`."""
         from .checkpoints import Run, _scan_checkpoints
         from .sweeps import _state_of
 
@@ -178,9 +178,9 @@ class SweepWatcher:
     def poll(self) -> list[Verdict]:
         """One pass over the sweep: summarise new checkpoints, then judge every run.
 
-        A finished run whose checkpoints cannot be read is ``"failed"``; a running one is
+        A finished run whose checkpoints cannot be read is `"failed"`; a running one is
         judged from the checkpoints read so far (an unreadable newest file is tried again
-        at the next pass, its error kept in :attr:`Verdict.error`)."""
+        at the next pass, its error kept in `Verdict.error`)."""
         from ._engine import READ_ERRORS
 
         runs: dict[str, tuple] = {}
@@ -249,12 +249,12 @@ class SweepWatcher:
         return [out[f.name] for f in folders if f.name in out]
 
     def watch(self, interval: float = 30.0, once: bool = False) -> Iterator[list[Verdict]]:
-        """:meth:`poll` every ``interval`` seconds until every run is finished (or once).
+        """[`poll`][dtg_gpu.watch.SweepWatcher.poll] every `interval` seconds until every run is finished (or once).
 
         Raises
         ------
         ValueError
-            ``interval`` is not a number of seconds in (0, 7 days].
+            `interval` is not a number of seconds in (0, 7 days].
         """
         import time
 

@@ -1,9 +1,9 @@
 r"""Sweep-level workflow shared by the CLI, the demo and the benchmarks: featurise a
-sweep once, then evaluate feature sets (DTG, baselines) for several early-prediction ``k``.
+sweep once, then evaluate feature sets (DTG, baselines) for several early-prediction `k`.
 
-Temporal reinforcement is causal (``s̃_t`` depends on ``s_1..s_t`` only), so the features
-of the first ``k`` checkpoints are the first ``5·k`` columns of the full feature matrix:
-one centrality solve serves every ``k``.
+Temporal reinforcement is causal (`s̃_t` depends on `s_1..s_t` only), so the features
+of the first `k` checkpoints are the first `5·k` columns of the full feature matrix:
+one centrality solve serves every `k`.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ class SweepFeatures:
             self.usable = np.ones(len(self.runs), dtype=bool)
 
     def dtg(self, k: int, eigenvalue: bool = False, per_layer: bool = False) -> np.ndarray:
-        """DTG features of the first ``k`` checkpoints; the options as in :func:`featurize`
-        (columns: :meth:`StatisticsLayout.columns <dtg_gpu.layout.StatisticsLayout.columns>`
-        of :meth:`layout_for`)."""
+        """DTG features of the first `k` checkpoints; the options as in [`featurize`][dtg_gpu.featurize]
+        (columns: [`StatisticsLayout.columns`][dtg_gpu.layout.StatisticsLayout.columns]
+        of `layout_for`)."""
         for on, extra, what in (
             (per_layer, self.layer_stats, "per-layer statistics"),
             (eigenvalue, self.log_eigenvalue, "eigenvalues"),
@@ -79,7 +79,7 @@ class SweepFeatures:
         return temporal_features(stats, self.alpha).double().numpy()
 
     def layout_for(self, per_layer: bool = False, eigenvalue: bool = False) -> StatisticsLayout:
-        """The column layout of :meth:`dtg` with these options."""
+        """The column layout of `dtg` with these options."""
         layers = self.layout.layers if (per_layer and self.layout is not None) else ()
         if per_layer and not layers and self.layer_stats is not None:  # made without names
             layers = tuple(f"layer{i}" for i in range(self.layer_stats.shape[-1] // 5))
@@ -119,50 +119,50 @@ def featurize_sweep(
 ) -> SweepFeatures:
     """Solve every checkpoint of every run once; keep the raw statistics.
 
-    Runs that cannot be read (those :func:`~dtg_gpu.sweeps.load_sweep` already left out, in
-    ``runs.failed``, and those whose checkpoints fail here) are listed in ``failed`` and
-    marked in ``usable``; :func:`compare` leaves them out with a warning. ``strict=True``
+    Runs that cannot be read (those [`load_sweep`][dtg_gpu.sweeps.load_sweep] already left out, in
+    `runs.failed`, and those whose checkpoints fail here) are listed in `failed` and
+    marked in `usable`; [`compare`][dtg_gpu.workflow.compare] leaves them out with a warning. `strict=True`
     raises instead.
 
     Parameters
     ----------
     runs : sequence of Run
-        Typically :func:`~dtg_gpu.load_sweep`'s list.
+        Typically [`load_sweep`][dtg_gpu.sweeps.load_sweep]'s list.
     alpha, device, dtype, progress, strict
-        As in :func:`~dtg_gpu.featurize`. With ``executor="ray"``, ``device=None`` lets each
+        As in [`featurize`][dtg_gpu.featurize]. With `executor="ray"`, `device=None` lets each
         task take its node's GPU when it has one.
     executor : {"local", "ray"}, default "local"
-        ``"ray"``: each unit (whole runs of one architecture solved as one batch, see
-        :func:`~dtg_gpu._engine.plan_units`) is a Ray task that gets the runs' checkpoint
+        `"ray"`: each unit (whole runs of one architecture solved as one batch, see
+        `plan_units`) is a Ray task that gets the runs' checkpoint
         *paths* (the sweep must lie on storage every node sees), solves them on its node
-        (``num_gpus=1`` when the cluster has GPUs, else one CPU) and returns the statistics.
+        (`num_gpus=1` when the cluster has GPUs, else one CPU) and returns the statistics.
         The results are bit-identical to the local path's for the same dtype and device
-        type: the same graphs are solved in the same batches. Needs ``pip install
-        'dtg_gpu[ray]'``.
+        type: the same graphs are solved in the same batches. Needs `pip install
+        'dtg_gpu[ray]'`.
     address : str, optional
-        The Ray cluster (``"auto"``, ``"ray://head:10001"``, ``"10.0.0.1:6379"``). Default:
+        The Ray cluster (`"auto"`, `"ray://head:10001"`, `"10.0.0.1:6379"`). Default:
         the Ray instance this process is connected to, else a local one started for this
         call and shut down after.
     cache : None, False, path or FeatureCache
-        The per-run feature cache (:mod:`~dtg_gpu.feature_cache`): ``None`` (default) keeps
-        it in ``SWEEP/.dtg-cache`` when ``runs`` came from :func:`~dtg_gpu.load_sweep`;
-        ``False`` turns it off. A killed featurisation resumes from it; a cached run is
+        The per-run feature cache ([`feature_cache`][dtg_gpu.feature_cache]): `None` (default) keeps
+        it in `SWEEP/.dtg-cache` when `runs` came from [`load_sweep`][dtg_gpu.sweeps.load_sweep];
+        `False` turns it off. A killed featurisation resumes from it; a cached run is
         bit-identical to solving it again.
     chunk_size : int, optional
         Graphs per batch (rounded to whole runs); default: sized to a 1 GiB budget.
     fold_batchnorm : bool, default False
-        As in :func:`~dtg_gpu.featurize` (option beyond the method).
+        As in [`featurize`][dtg_gpu.featurize] (option beyond the method).
     with_folded : bool, default True
-        When a network has batch norm to fold and ``fold_batchnorm`` is False, also solve the
-        folded graphs (kept in ``folded``): what the ``"default"`` feature set reads. A
+        When a network has batch norm to fold and `fold_batchnorm` is False, also solve the
+        folded graphs (kept in `folded`): what the `"default"` feature set reads. A
         second solve of those runs (cached like the first).
 
     Raises
     ------
     ValueError
-        A bad ``executor``; the errors of :func:`~dtg_gpu.featurize`.
+        A bad `executor`; the errors of [`featurize`][dtg_gpu.featurize].
     ImportError
-        ``executor="ray"`` without Ray installed (the message says how to install it).
+        `executor="ray"` without Ray installed (the message says how to install it).
     """
     failed = dict(getattr(runs, "failed", {}))
     runs_in = runs
@@ -236,14 +236,14 @@ def featurize_sweep(
 def feature_sets(
     sf: SweepFeatures, k: int, names: Sequence[str], covariates: Sequence[str] = ()
 ) -> dict[str, np.ndarray]:
-    """Feature matrices for ``k`` checkpoints: ``default`` (:func:`~dtg_gpu.featurize`'s
-    default recipe), ``dtg`` (the seed's method), ``weight_stats``, ``spectral``,
-    ``dtg+weight_stats``, ``dtg+eigenvalue``, ``dtg_per_layer`` and
-    ``dtg_per_layer+eigenvalue`` (options beyond the method), ``learning_curve``, and
-    ``covariates`` (the known hyper-parameters alone: the hyper-parameter oracle).
+    """Feature matrices for `k` checkpoints: `default` ([`featurize`][dtg_gpu.featurize]'s
+    default recipe), `dtg` (the seed's method), `weight_stats`, `spectral`,
+    `dtg+weight_stats`, `dtg+eigenvalue`, `dtg_per_layer` and
+    `dtg_per_layer+eigenvalue` (options beyond the method), `learning_curve`, and
+    `covariates` (the known hyper-parameters alone: the hyper-parameter oracle).
 
-    ``covariates``: run.json fields (:func:`~dtg_gpu.analysis.covariate_matrix`) appended to
-    every set but ``covariates`` itself, which they make up (default: ``lr``, ``dropout``)."""
+    `covariates`: run.json fields ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]) appended to
+    every set but `covariates` itself, which they make up (default: `lr`, `dropout`)."""
     from .analysis import covariate_matrix
 
     out: dict[str, np.ndarray] = {}
@@ -293,9 +293,9 @@ def feature_sets(
 
 
 def default_blocks(sf: SweepFeatures, width: int, covariates: Sequence[str] = ()) -> tuple[int, ...]:
-    """The feature sets of the ``default`` matrix of ``width`` columns: DTG, the weight
-    statistics (7 per weight layer), the covariates (what ``featurize`` marks as
-    ``column_blocks``)."""
+    """The feature sets of the `default` matrix of `width` columns: DTG, the weight
+    statistics (7 per weight layer), the covariates (what `featurize` marks as
+    `column_blocks`)."""
     first = next(r for r, ok in zip(sf.runs, sf.usable) if ok)
     ws, cov = 7 * len(first.topology.params), len(covariates)
     return tuple(w for w in (width - ws - cov, ws, cov) if w)
@@ -311,14 +311,14 @@ def compare(
     clf: PerformancePredictor | None = None,
     covariates: Sequence[str] = (),
 ) -> list[dict]:
-    """Evaluate every feature set at every ``k``; one row per (feature set, k).
+    """Evaluate every feature set at every `k`; one row per (feature set, k).
 
-    ``clf``: the classifier of every row; default: the seed's MLP
-    (:meth:`PerformancePredictor.spec`) for ``dtg`` (the seed's method), the default
-    :class:`PerformancePredictor` for every other set.
+    `clf`: the classifier of every row; default: the seed's MLP
+    ([`PerformancePredictor.spec`][dtg_gpu.PerformancePredictor.spec]) for `dtg` (the seed's method), the default
+    [`PerformancePredictor`][dtg_gpu.PerformancePredictor] for every other set.
 
-    ``covariates``: known hyper-parameters appended to every feature set (see
-    :func:`feature_sets`). Runs that failed to be read or solved (``sf.usable`` False) are left out of labels,
+    `covariates`: known hyper-parameters appended to every feature set (see
+    `feature_sets`). Runs that failed to be read or solved (`sf.usable` False) are left out of labels,
     training and testing; featurising named them in a warning already."""
     keep = sf.usable
     y = label_runs(sf.accuracies[keep], threshold)
@@ -346,17 +346,17 @@ def run_verdicts(
     seed: int = 0,
     clf: PerformancePredictor | None = None,
 ) -> dict:
-    """Out-of-fold P(sufficient) of every run at each ``k``: what a user acts on.
+    """Out-of-fold P(sufficient) of every run at each `k`: what a user acts on.
 
     Each usable run's probability comes from a predictor that did not see it (stratified
-    ``folds``-fold cross-validation, seeded), so the table is honest about every run, not
+    `folds`-fold cross-validation, seeded), so the table is honest about every run, not
     only about a test split. Runs that could not be read get NaN.
 
     Returns
     -------
     dict
-        ``ks``; ``proba`` ``[runs, len(ks)]``; ``label`` ``[runs]`` (1 sufficient, 0
-        insufficient, -1 left out); ``threshold`` (the accuracy cut used).
+        `ks`; `proba` `[runs, len(ks)]`; `label` `[runs]` (1 sufficient, 0
+        insufficient, -1 left out); `threshold` (the accuracy cut used).
     """
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
 

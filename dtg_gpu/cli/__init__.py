@@ -1,1 +1,1 @@
-"""The ``dtg`` command line: thin sub-commands over the library."""
+"""The `dtg` command line: thin sub-commands over the library."""

@@ -1,4 +1,4 @@
-"""Each sub-command: ``add_parser(subparsers)`` and ``run(args) -> int``, calling the library."""
+"""Each sub-command: `add_parser(subparsers)` and `run(args) -> int`, calling the library."""
 
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ def _load_sweep(a):
 
 
 def _sweep_features(a, runs):
-    """Featurise ``runs`` with the command's flags: ``(X, statistic names, k, usable)``;
-    ``usable[i]`` is False for a run that could not be read or solved (its row is NaN)."""
+    """Featurise `runs` with the command's flags: `(X, statistic names, k, usable)`;
+    `usable[i]` is False for a run that could not be read or solved (its row is NaN)."""
     from ..analysis import featurize_with_failures, warn_failures
     from ..exceptions import TopologyError
     from ..features import feature_recipe
@@ -153,7 +153,7 @@ def _sweep_features(a, runs):
 
 
 def _recipe(a):
-    """The feature recipe of the command's flags: ``--spec`` or the default, with overrides."""
+    """The feature recipe of the command's flags: `--spec` or the default, with overrides."""
     from ..features import feature_recipe
 
     return feature_recipe(
@@ -166,13 +166,13 @@ def _recipe(a):
 
 
 def _weight_stat_names(run) -> list[str]:
-    """Column names of the weight statistics: ``ws_<layer>_<statistic>``."""
+    """Column names of the weight statistics: `ws_<layer>_<statistic>`."""
     stats = ("mean", "std", "min", "q25", "median", "q75", "max")
     return [f"ws_{p.removesuffix('.weight')}_{s}" for p in run.topology.params for s in stats]
 
 
 def _json_safe(obj):
-    """NaN and ±Inf as null: JSON has no such numbers (``json.dumps`` would print bare NaN)."""
+    """NaN and ±Inf as null: JSON has no such numbers (`json.dumps` would print bare NaN)."""
     if isinstance(obj, float):
         return obj if np.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -327,7 +327,7 @@ def _user_model(p: argparse.ArgumentParser) -> None:
 
 
 def _build_user_model(a):
-    """``--model pkg.module:Class`` with ``--model-kwargs``: the user's own code, imported."""
+    """`--model pkg.module:Class` with `--model-kwargs`: the user's own code, imported."""
     if a.model is None:
         return None
     import importlib
@@ -511,8 +511,8 @@ def _scaling(p):
 
 
 def _classifier(a):
-    """The predictor of the command's flags: the default, or the seed's MLP with ``--spec``;
-    ``--scaling``, ``--select``, ``--auto`` and ``--epochs`` override."""
+    """The predictor of the command's flags: the default, or the seed's MLP with `--spec`;
+    `--scaling`, `--select`, `--auto` and `--epochs` override."""
     from ..predictor import PerformancePredictor
 
     clf = PerformancePredictor.spec() if getattr(a, "spec", False) else PerformancePredictor()
@@ -535,7 +535,7 @@ def _positive_int(text: str) -> int:
 
 
 def _writable(out: str) -> None:
-    """Fail before any work when ``--out`` cannot be written (no such folder, a folder, an
+    """Fail before any work when `--out` cannot be written (no such folder, a folder, an
     empty name, a special file, a name too long)."""
     from .._files import check_target
 

@@ -1,4 +1,4 @@
-"""``dtg``: the root only builds the parser and registers sub-commands."""
+"""`dtg`: the root only builds the parser and registers sub-commands."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-r"""Prune Optuna trials from their checkpoints: :class:`DTGPruner` and :func:`report`.
+r"""Prune Optuna trials from their checkpoints: [`DTGPruner`][dtg_gpu.integrations.optuna.DTGPruner] and [`report`][dtg_gpu.integrations.optuna.report].
 
-In the objective, call :func:`report` where you would call ``trial.report``::
+In the objective, call [`report`][dtg_gpu.integrations.optuna.report] where you would call `trial.report`::
 
     import optuna
     from dtg_gpu.integrations.optuna import DTGPruner, report
@@ -18,17 +18,17 @@ In the objective, call :func:`report` where you would call ``trial.report``::
                                 storage="sqlite:///sweep.db")
     study.optimize(objective, n_trials=100)
 
-:func:`report` saves the model's weights as the trial's checkpoint at ``step``
-(safetensors, written atomically to ``<storage file>.dtg/<study>/trial-<number>/``, beside a
+[`report`][dtg_gpu.integrations.optuna.report] saves the model's weights as the trial's checkpoint at `step`
+(safetensors, written atomically to `<storage file>.dtg/<study>/trial-<number>/`, beside a
 SQLite or Journal-file storage; in memory for an in-memory study), stores the checkpoint's
-:func:`~dtg_gpu.early_stopping.checkpoint_record` in the trial's system attributes
-(``dtg:step:<step>``) and calls ``trial.report(value, step)`` when a value is given. The pruner
+[`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record] in the trial's system attributes
+(`dtg:step:<step>`) and calls `trial.report(value, step)` when a value is given. The pruner
 reads only what the trials stored, so several worker processes on one RDB or Journal storage
 see the same thing, and a study resumed on the same storage makes the same decisions (each
-decision's probability is stored too, ``dtg:p:<step>``).
+decision's probability is stored too, `dtg:p:<step>`).
 
-Multi-objective studies: Optuna supports no pruning there (``trial.report`` and
-``should_prune`` raise); :func:`report` still records checkpoints when called without a value.
+Multi-objective studies: Optuna supports no pruning there (`trial.report` and
+`should_prune` raise); [`report`][dtg_gpu.integrations.optuna.report] still records checkpoints when called without a value.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def _safe(name: str) -> str:
 
 
 def set_checkpoint_folder(study, folder: str | os.PathLike) -> None:
-    """Record where :func:`report` writes the study's checkpoints (stored in the study, so
+    """Record where [`report`][dtg_gpu.integrations.optuna.report] writes the study's checkpoints (stored in the study, so
     every worker uses it). Needed for storages without a local file (PostgreSQL, MySQL,
-    Redis, gRPC); ``folder`` must be on storage every worker sees."""
+    Redis, gRPC); `folder` must be on storage every worker sees."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     study._storage.set_study_system_attr(study._study_id, _FOLDER, str(folder))
@@ -84,8 +84,8 @@ def set_checkpoint_folder(study, folder: str | os.PathLike) -> None:
 
 def checkpoint_folder(study) -> Path | None:
     """Where the study's checkpoints are written: the folder set with
-    :func:`set_checkpoint_folder`, else ``<file>.dtg/<study name>`` beside a SQLite database
-    or a Journal file; ``None`` for an in-memory study (checkpoints kept in this process).
+    [`set_checkpoint_folder`][dtg_gpu.integrations.optuna.set_checkpoint_folder], else `<file>.dtg/<study name>` beside a SQLite database
+    or a Journal file; `None` for an in-memory study (checkpoints kept in this process).
 
     Raises
     ------
@@ -127,7 +127,7 @@ def _check_step(step: Any) -> int:
 
 
 def report(trial, model: torch.nn.Module, step: int, value: float | None = None) -> None:
-    r"""Record ``model``'s weights as ``trial``'s checkpoint at ``step``; report ``value``.
+    r"""Record `model`'s weights as `trial`'s checkpoint at `step`; report `value`.
 
     Parameters
     ----------
@@ -139,15 +139,15 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
         Non-negative, increasing within a trial (an epoch, a global step).
     value : float, optional
         The intermediate value (validation accuracy or loss) passed to
-        ``trial.report(value, step)``; the pruner may use it as one more feature.
+        `trial.report(value, step)`; the pruner may use it as one more feature.
 
     Raises
     ------
     ValueError
-        A bad ``step``, a non-finite ``value``, a ``value`` in a multi-objective study, or a
-        storage with no local file and no :func:`set_checkpoint_folder`.
+        A bad `step`, a non-finite `value`, a `value` in a multi-objective study, or a
+        storage with no local file and no [`set_checkpoint_folder`][dtg_gpu.integrations.optuna.set_checkpoint_folder].
     TypeError
-        ``model`` is not a ``torch.nn.Module``.
+        `model` is not a `torch.nn.Module`.
     """
     if not isinstance(trial, optuna.trial.Trial):
         raise TypeError(f"trial must be the optuna.trial.Trial passed to the objective, got {type(trial).__name__}")
@@ -184,15 +184,15 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
 
 
 def trial_records(trial) -> tuple[list[int], list[dict]]:
-    """``(steps, records)`` a trial stored through :func:`report`, in step order."""
+    """`(steps, records)` a trial stored through [`report`][dtg_gpu.integrations.optuna.report], in step order."""
     attrs = trial.system_attrs
     steps = sorted(int(k[len(_STEP) :]) for k in attrs if k.startswith(_STEP))
     return steps, [attrs[f"{_STEP}{s:09d}"] for s in steps]
 
 
 def trial_run(study, trial, model: torch.nn.Module):
-    """The trial's recorded checkpoints as a :class:`~dtg_gpu.checkpoints.Run`, to analyse
-    with the rest of the library (``dtg_gpu.analyze(trial_run(study, t, model))``)."""
+    """The trial's recorded checkpoints as a [`Run`][dtg_gpu.Run], to analyse
+    with the rest of the library (`dtg_gpu.analyze(trial_run(study, t, model))`)."""
     from ..checkpoints import Run
 
     steps, _ = trial_records(trial)
@@ -218,16 +218,16 @@ def _values(trial, steps: Sequence[int]) -> list[float | None]:
 class DTGPruner(optuna.pruners.BasePruner):
     r"""Prune a trial whose checkpoints say it will not end sufficient.
 
-    An ``optuna.pruners.BasePruner``: at each ``trial.should_prune()``, the trial's
-    checkpoint records so far (see :func:`report`) give :math:`P(\text{sufficient})`, from
-    ``predictor`` or learned online from the study's completed trials; the trial is pruned
-    when it stays below ``min_probability`` for ``patience`` consecutive checks, or at once
-    when its weights are no longer finite. See :class:`~dtg_gpu.early_stopping.StoppingRule`.
+    An `optuna.pruners.BasePruner`: at each `trial.should_prune()`, the trial's
+    checkpoint records so far (see [`report`][dtg_gpu.integrations.optuna.report]) give $P(\text{sufficient})$, from
+    `predictor` or learned online from the study's completed trials; the trial is pruned
+    when it stays below `min_probability` for `patience` consecutive checks, or at once
+    when its weights are no longer finite. See [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule].
 
     Parameters
     ----------
     predictor : PerformancePredictor, optional
-        Trained on an earlier sweep (``dtg train``); used as is. Default: learn online.
+        Trained on an earlier sweep (`dtg train`); used as is. Default: learn online.
     min_probability : float, default 0.3
     patience : int, default 1
     n_startup_trials : int, default 10
@@ -238,26 +238,26 @@ class DTGPruner(optuna.pruners.BasePruner):
         Sufficient = final value at least (maximize) or at most (minimize) this; the
         study's direction is respected.
     features : str, default "dtg_per_layer"
-        One of :data:`~dtg_gpu.early_stopping.FEATURE_SETS`; see
-        :class:`~dtg_gpu.early_stopping.StoppingRule` for why per-layer statistics are the default.
+        One of `FEATURE_SETS`; see
+        [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule] for why per-layer statistics are the default.
     use_values : bool or "auto", default "auto"
-        Also learn from the values reported with :func:`report` when every trial has them
-        (``False``: data-free).
+        Also learn from the values reported with [`report`][dtg_gpu.integrations.optuna.report] when every trial has them
+        (`False`: data-free).
     alpha : float, default 0.5
     fold_batchnorm : bool, default False
         Judge from the graph with batch norm folded into the layer before it (see
-        :class:`~dtg_gpu.early_stopping.StoppingRule`); no effect on a network without batch norm.
+        [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule]); no effect on a network without batch norm.
     warm_start : bool, default True
         Before enough trials have completed, prune a trial that stays behind the others at
-        the same step (:func:`~dtg_gpu.early_stopping.peer_score`, and the reported value
-        when there is one), as ``MedianPruner`` does with values.
+        the same step ([`peer_score`][dtg_gpu.early_stopping.peer_score], and the reported value
+        when there is one), as `MedianPruner` does with values.
     n_peers : int, default 5
         Trials at the same step needed for that comparison.
 
     Notes
     -----
-    ``DTGPruner()`` suits a study of ~100 trials; the replay benchmark
-    (``benchmarks/bench_early_stopping.py``) measures these defaults against Optuna's
+    `DTGPruner()` suits a study of ~100 trials; the replay benchmark
+    (`benchmarks/bench_early_stopping.py`) measures these defaults against Optuna's
     pruners. Optuna refuses pruning in multi-objective studies, and so does this pruner.
     """
 
@@ -291,7 +291,7 @@ class DTGPruner(optuna.pruners.BasePruner):
         return self._rules[direction]
 
     def probability(self, study, trial) -> float | None:
-        r""":math:`P(\text{sufficient})` of ``trial`` (a ``FrozenTrial``) now; None when there
+        r"""$P(\text{sufficient})$ of `trial` (a `FrozenTrial`) now; None when there
         is nothing to decide from yet."""
         if len(study.directions) > 1:
             raise ValueError(_MULTI)
@@ -317,7 +317,7 @@ class DTGPruner(optuna.pruners.BasePruner):
         return rule.probability(records, _values(trial, steps), finished, peers)
 
     def prune(self, study, trial) -> bool:
-        """Optuna's pruner interface: ``True`` to prune ``trial`` now."""
+        """Optuna's pruner interface: `True` to prune `trial` now."""
         steps, records = trial_records(trial)
         if not steps:
             return False

@@ -1,24 +1,24 @@
 r"""Sweeps on a Ray cluster: featurisation units and training batches as Ray tasks.
 
-Used through ``executor="ray"`` of :func:`~dtg_gpu.workflow.featurize_sweep` and
-:func:`~dtg_gpu.sweeps.run_sweep`, and ``--ray [--address ADDR]`` of ``dtg featurize``,
-``evaluate``, ``train`` and ``sweep``. Ray does the scheduling, retries and data movement;
+Used through `executor="ray"` of [`featurize_sweep`][dtg_gpu.workflow.featurize_sweep] and
+[`run_sweep`][dtg_gpu.sweeps.run_sweep], and `--ray [--address ADDR]` of `dtg featurize`,
+`evaluate`, `train` and `sweep`. Ray does the scheduling, retries and data movement;
 this module only says what a task is:
 
-- **featurising**: one unit of :func:`~dtg_gpu._engine.plan_units` (whole runs of one
+- **featurising**: one unit of `plan_units` (whole runs of one
   architecture, solved as one batch). The task gets the runs' checkpoint *paths* and the
-  architecture on the ``meta`` device (no weights), solves on its node (``num_gpus=1`` when
+  architecture on the `meta` device (no weights), solves on its node (`num_gpus=1` when
   the cluster has GPUs, else one CPU), writes each run's cache entry into the sweep folder
   and returns the statistics (a few KB). The driver never reads a checkpoint.
 - **training**: one batch of runs (a grouped network, or one run), trained and written into
   its run folders exactly as a local sweep does.
 
-A task whose worker dies is retried by Ray (``max_retries``); since a task's output is a
+A task whose worker dies is retried by Ray (`max_retries`); since a task's output is a
 pure function of its inputs and every file is written atomically, a retry gives the same
 rows, never a duplicated or missing one. A task that raises is named and the rest go on.
 
 The sweep folder must be on storage every node sees at the same path (NFS, Lustre, a
-mounted bucket) and ``dtg_gpu`` installed on every node.
+mounted bucket) and `dtg_gpu` installed on every node.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MAX_RETRIES = 3
 @contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[bool]:
     """Connected to Ray for the block: the instance this process already has; else the
-    cluster at ``address`` (or ``$RAY_ADDRESS``); else a fresh local instance, shut down
+    cluster at `address` (or `$RAY_ADDRESS`); else a fresh local instance, shut down
     at the end. Yields whether this call started the connection."""
     if ray.is_initialized():
         yield False
@@ -79,8 +79,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Fail within ``timeout`` seconds, naming ``address``, when nothing listens there (Ray's
-    own client retries a dead address for ever). ``"auto"``, ``"local"`` and addresses
+    """Fail within `timeout` seconds, naming `address`, when nothing listens there (Ray's
+    own client retries a dead address for ever). `"auto"`, `"local"` and addresses
     without a port are left to Ray.
 
     Raises
@@ -106,12 +106,12 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def task_resources(device: torch.device | None) -> dict[str, float]:
-    """One GPU per task when the cluster has GPUs and ``device`` allows it, else one CPU.
+    """One GPU per task when the cluster has GPUs and `device` allows it, else one CPU.
 
     Raises
     ------
     ValueError
-        ``device`` is CUDA and the cluster has no GPU.
+        `device` is CUDA and the cluster has no GPU.
     """
     gpus = float(ray.cluster_resources().get("GPU", 0))
     if device is not None and device.type == "cuda" and gpus < 1:
@@ -122,7 +122,7 @@ def task_resources(device: torch.device | None) -> dict[str, float]:
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:
-    """The architecture without its weights: parameters and buffers on the ``meta`` device
+    """The architecture without its weights: parameters and buffers on the `meta` device
     (tied weights stay tied), so a task carries a few KB, not the model's weights."""
     memo: dict[int, Any] = {}
     for t in itertools.chain(model.parameters(), model.buffers()):
@@ -177,9 +177,9 @@ def _cause(exc: BaseException) -> str:
 def _drain(
     pending: dict, handle: Callable[[Any, Any, BaseException | None], tuple[int, int]], bar=None, k: int = 0
 ) -> None:
-    """Wait for every task of ``pending`` (``ref -> item``), calling ``handle(item, value,
-    error)`` as each ends (``error``: what ``ray.get`` raised, after Ray's retries); it
-    returns ``(runs, bar steps)``. The bar shows runs (and graphs, ``k`` per run) per second.
+    """Wait for every task of `pending` (`ref -> item`), calling `handle(item, value,
+    error)` as each ends (`error`: what `ray.get` raised, after Ray's retries); it
+    returns `(runs, bar steps)`. The bar shows runs (and graphs, `k` per run) per second.
     Tasks still pending when the driver stops (an error, Ctrl-C) are cancelled."""
     start, runs = time.perf_counter(), 0
     try:
@@ -224,10 +224,10 @@ def solve_jobs(
     strict: bool = False,
     failed: dict[int, str],
 ) -> None:
-    """Solve ``jobs`` as Ray tasks; ``on_done(job)`` as each returns (in completion order).
+    """Solve `jobs` as Ray tasks; `on_done(job)` as each returns (in completion order).
 
-    A task that raises (after Ray's retries for lost workers) marks its runs in ``failed``
-    with the cause, or is raised with ``strict``."""
+    A task that raises (after Ray's retries for lost workers) marks its runs in `failed`
+    with the cause, or is raised with `strict`."""
     with ray_session(address):
         options: dict[str, Any] = {"max_retries": MAX_RETRIES, **task_resources(device)}
         remote = ray.remote(**options)(_featurize_task)
@@ -289,7 +289,7 @@ def train_batches(
     done: int = 0,
     total: int | None = None,
 ) -> None:
-    """Train each batch of ``(name, point)`` runs as one Ray task into ``out``.
+    """Train each batch of `(name, point)` runs as one Ray task into `out`.
 
     Raises
     ------

@@ -1,4 +1,4 @@
-r"""Stop Ray Tune trials from their checkpoints: :class:`DTGScheduler` and :class:`DTGStopper`.
+r"""Stop Ray Tune trials from their checkpoints: [`DTGScheduler`][dtg_gpu.integrations.ray_tune.DTGScheduler] and [`DTGStopper`][dtg_gpu.integrations.ray_tune.DTGStopper].
 
 The trainable reports a checkpoint with each result, as Tune users do already::
 
@@ -14,22 +14,22 @@ The trainable reports a checkpoint with each result, as Tune users do already::
         tune_config=ray.tune.TuneConfig(metric="val_acc", mode="max",
                                         scheduler=DTGScheduler(model=build)))
 
-At each result that carries a checkpoint (``checkpoint_dir_name``), the scheduler reads the
-weights file in it (``*.safetensors`` preferred, else ``*.pt``/``*.pth``/``*.bin``/``*.ckpt``,
-read with ``weights_only=True``), summarises it with
-:func:`~dtg_gpu.early_stopping.checkpoint_record` and applies the same
-:class:`~dtg_gpu.early_stopping.StoppingRule` as the Optuna pruner: learn online from the trials
-that finished, ``STOP`` a trial whose :math:`P(\text{sufficient})` stays below
-``min_probability`` for ``patience`` results. ``metric``/``mode`` is the final value that labels
-finished trials (and, with ``use_values``, one more feature).
+At each result that carries a checkpoint (`checkpoint_dir_name`), the scheduler reads the
+weights file in it (`*.safetensors` preferred, else `*.pt`/`*.pth`/`*.bin`/`*.ckpt`,
+read with `weights_only=True`), summarises it with
+[`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record] and applies the same
+[`StoppingRule`][dtg_gpu.early_stopping.StoppingRule] as the Optuna pruner: learn online from the trials
+that finished, `STOP` a trial whose $P(\text{sufficient})$ stays below
+`min_probability` for `patience` results. `metric`/`mode` is the final value that labels
+finished trials (and, with `use_values`, one more feature).
 
-Resuming: Tune does not keep a scheduler's state across ``Tuner.restore``. This one needs none:
+Resuming: Tune does not keep a scheduler's state across `Tuner.restore`. This one needs none:
 a restored trial that had finished is rebuilt from its checkpoints on storage and its last
-result, and a trial this scheduler stopped leaves a ``dtg-stopped.json`` in its folder so it is
+result, and a trial this scheduler stopped leaves a `dtg-stopped.json` in its folder so it is
 never learnt from as if it had finished.
 
-:class:`DTGStopper` applies the rule as a ``tune.Stopper`` for users who keep ASHA or another
-scheduler; a stopper is not told where a trial's folder is, so it takes ``experiment_path``.
+[`DTGStopper`][dtg_gpu.integrations.ray_tune.DTGStopper] applies the rule as a `tune.Stopper` for users who keep ASHA or another
+scheduler; a stopper is not told where a trial's folder is, so it takes `experiment_path`.
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ _MARKER = "dtg-stopped.json"
 
 
 def checkpoint_weights(folder: str | os.PathLike, name: str | None = None) -> dict[str, torch.Tensor]:
-    """The state dict in a reported checkpoint folder: ``name`` if given, else the one
-    ``*.safetensors`` file (else the one ``.pt``/``.pth``/``.bin``/``.ckpt``), read safely.
+    """The state dict in a reported checkpoint folder: `name` if given, else the one
+    `*.safetensors` file (else the one `.pt`/`.pth`/`.bin`/`.ckpt`), read safely.
 
     Raises
     ------
     CheckpointError
-        No weights file, several candidates and no ``name``, or an unreadable file.
+        No weights file, several candidates and no `name`, or an unreadable file.
     """
     from .._files import confined_path
     from ..checkpoints import CHECKPOINT_SUFFIXES, load_state_dict
@@ -171,21 +171,21 @@ def _mark_stopped(folder: Path | None, trial_id: str) -> None:
 
 
 class DTGScheduler(FIFOScheduler):
-    r"""A FIFO ``TrialScheduler`` that stops trials whose checkpoints say they will not end
-    sufficient (``TrialScheduler.STOP``), else ``CONTINUE``.
+    r"""A FIFO `TrialScheduler` that stops trials whose checkpoints say they will not end
+    sufficient (`TrialScheduler.STOP`), else `CONTINUE`.
 
     Parameters
     ----------
     model : torch.nn.Module or callable
-        The trials' architecture, or ``config -> Module`` when it depends on the trial's
+        The trials' architecture, or `config -> Module` when it depends on the trial's
         config (built once per trial, on the meta device is fine).
     metric, mode : str, optional
-        The value that labels finished trials (default: ``TuneConfig``'s).
+        The value that labels finished trials (default: `TuneConfig`'s).
     checkpoint_file : str, optional
         The weights file's name inside each reported checkpoint folder (default: found).
     predictor, min_probability, patience, n_startup_trials, n_warmup_steps, threshold, features,
     use_values, alpha, fold_batchnorm, warm_start, n_peers
-        As in :class:`~dtg_gpu.integrations.optuna.DTGPruner`; ``n_warmup_steps`` counts
+        As in [`DTGPruner`][dtg_gpu.integrations.optuna.DTGPruner]; `n_warmup_steps` counts
         checkpoints.
     """
 
@@ -260,7 +260,7 @@ class DTGScheduler(FIFOScheduler):
         self._dtg.complete(trial.trial_id, result)
 
     def probability_history(self, trial_id: str) -> list[float | None]:
-        r""":math:`P(\text{sufficient})` at each checkpoint of a trial (None: no decision yet)."""
+        r"""$P(\text{sufficient})$ at each checkpoint of a trial (None: no decision yet)."""
         return list(self._dtg.history.get(trial_id, []))
 
     def debug_string(self) -> str:
@@ -268,20 +268,20 @@ class DTGScheduler(FIFOScheduler):
 
 
 class DTGStopper(Stopper):
-    """The same rule as a ``tune.Stopper`` (keep ASHA or any scheduler).
+    """The same rule as a `tune.Stopper` (keep ASHA or any scheduler).
 
     Parameters
     ----------
     model : torch.nn.Module
         The trials' architecture (one for all trials: a stopper is not given their config).
     experiment_path : str or path
-        The experiment's folder (``RunConfig(storage_path=..., name=...)``:
-        ``storage_path/name``), where each trial's folder is found by its id.
+        The experiment's folder (`RunConfig(storage_path=..., name=...)`:
+        `storage_path/name`), where each trial's folder is found by its id.
     metric, mode : str
         The value that labels finished trials.
     checkpoint_file, predictor, min_probability, patience, n_startup_trials, n_warmup_steps,
     threshold, features, use_values, alpha, fold_batchnorm, warm_start, n_peers
-        As in :class:`DTGScheduler`.
+        As in [`DTGScheduler`][dtg_gpu.integrations.ray_tune.DTGScheduler].
     """
 
     def __init__(

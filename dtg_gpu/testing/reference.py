@@ -1,8 +1,8 @@
 r"""The CPU NetworkX way of doing steps 2–3: the reference our engine is tested against.
 
 The graph is built here with NumPy from the raw weights (not with the engine's torch
-blocks), accumulated into a SciPy sparse matrix and handed to ``networkx``; centrality is
-``networkx.eigenvector_centrality_numpy`` (ARPACK) or ``networkx.eigenvector_centrality``.
+blocks), accumulated into a SciPy sparse matrix and handed to `networkx`; centrality is
+`networkx.eigenvector_centrality_numpy` (ARPACK) or `networkx.eigenvector_centrality`.
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ def reference_adjacency(topology: ChannelTopology, state: Mapping[str, torch.Ten
 
 
 def reference_graph(topology: ChannelTopology, state: Mapping[str, torch.Tensor]) -> nx.Graph:
-    """The checkpoint's channel graph as a ``networkx.Graph`` (edge attribute ``weight``)."""
+    """The checkpoint's channel graph as a `networkx.Graph` (edge attribute `weight`)."""
     return nx.from_scipy_sparse_array(reference_adjacency(topology, state), edge_attribute="weight")
 
 
 def reference_centrality(graph: nx.Graph, method: str = "numpy", **kwargs) -> np.ndarray:
-    """NetworkX eigenvector centrality as an array in node order ``0..N-1``.
+    """NetworkX eigenvector centrality as an array in node order `0..N-1`.
 
-    ``method="numpy"``: ``eigenvector_centrality_numpy(G, weight="weight")``;
-    ``method="power"``: ``eigenvector_centrality(G, weight="weight", **kwargs)``.
+    `method="numpy"`: `eigenvector_centrality_numpy(G, weight="weight")`;
+    `method="power"`: `eigenvector_centrality(G, weight="weight", **kwargs)`.
     """
     if method == "numpy":
         c = nx.eigenvector_centrality_numpy(graph, weight="weight", **kwargs)
