@@ -406,7 +406,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 ):
                     raise ValueError(f"column_sets[{name!r}] must be a non-empty list of column indices, got {cols!r}")
 
-    #: The seed's classifier (SPEC.md step 5): an MLP with one hidden layer of 32, standard scaling.
+    #: The seed's classifier (step 5 of docs/method.md): an MLP with one hidden layer of 32, standard scaling.
     SPEC_PARAMS: dict[str, Any] = {"hidden_sizes": (32,), "scaling": "standard", "weight_decay": 1e-4, "blocks": None}
 
     @classmethod

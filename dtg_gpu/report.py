@@ -29,41 +29,59 @@ def _plt():
 
 
 def plot_statistics(sf, path: Path) -> None:
+    """Each statistic of the centrality over the checkpoints, one line per run coloured by its
+    final accuracy; diverged runs dashed red (their non-finite checkpoints are gaps)."""
     plt = _plt()
     fig, axes = plt.subplots(1, 5, figsize=(20, 3.8), constrained_layout=True)
     acc = np.nan_to_num(sf.accuracies, nan=0.0)
+    diverged = _diverged(sf)
     cmap = plt.get_cmap("viridis")
     t = np.arange(1, sf.timesteps + 1)
+    units = {"mean": "", "std": "", "median": "", "skewness": " (unitless)", "kurtosis": " (excess, unitless)"}
     for i, (ax, name) in enumerate(zip(axes, STATISTICS)):
         for r in np.argsort(acc):
-            ax.plot(t, sf.stats[r, :, i].numpy(), color=cmap(acc[r]), lw=0.8, alpha=0.8)
+            if not sf.usable[r]:
+                continue
+            style = dict(color="#c00", lw=1.0, ls="--") if diverged[r] else dict(color=cmap(acc[r]), lw=0.8, alpha=0.8)
+            ax.plot(t, sf.stats[r, :, i].numpy(), marker=".", ms=3, **style)
         ax.set_title(f"centrality {name}")
-        ax.set_xlabel("checkpoint")
+        ax.set_xlabel(f"checkpoint (one = one {_unit(sf)})")
+        ax.set_ylabel(f"{name} of the centrality{units.get(name, '')}")
+        ax.set_xticks(t if len(t) <= 12 else t[:: max(1, len(t) // 10)])
+    if any(diverged):
+        axes[0].plot([], [], color="#c00", ls="--", label="diverged run")
+        axes[0].legend(loc="best", fontsize=8)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, 1))
-    fig.colorbar(sm, ax=axes, label="final test accuracy")
+    fig.colorbar(sm, ax=axes[-1], label="final test accuracy", fraction=0.08, pad=0.02)
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     plt.close(fig)
 
 
 def plot_vs_k(rows: Sequence[dict], path: Path) -> None:
+    """Precision and ROC AUC of each feature set at each measured `k`: a point with its 95 %
+    interval as an error bar, the sets side by side (no line between the measured k)."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
     names = list(dict.fromkeys(r["features"] for r in rows))
+    ks = sorted({r["k"] for r in rows})
+    pos = {k: i for i, k in enumerate(ks)}
+    width = 0.7 / max(1, len(names))
     for ax, metric in zip(axes, ("precision", "roc_auc")):
-        for name in names:
-            sel = sorted((r for r in rows if r["features"] == name), key=lambda r: r["k"])
-            k = [r["k"] for r in sel]
+        label = metric.replace("roc_auc", "ROC AUC")
+        for j, name in enumerate(names):
+            sel = [r for r in rows if r["features"] == name]
+            x = np.array([pos[r["k"]] for r in sel]) + (j - (len(names) - 1) / 2) * width
             m = np.array([r["scores"][metric]["mean"] for r in sel])
-            lo = np.array([r["scores"][metric]["ci_low"] for r in sel])
-            hi = np.array([r["scores"][metric]["ci_high"] for r in sel])
-            ax.plot(k, m, marker="o", label=name)
-            ax.fill_between(k, lo, hi, alpha=0.15)
+            lo = m - np.array([r["scores"][metric]["ci_low"] for r in sel])
+            hi = np.array([r["scores"][metric]["ci_high"] for r in sel]) - m
+            ax.errorbar(x, m, yerr=[lo, hi], fmt="o", capsize=3, label=ROW_LABELS.get(name, name))
+        ax.set_xticks(range(len(ks)), [str(k) for k in ks])
         ax.set_xlabel("checkpoints used (k)")
-        ax.set_ylabel(metric.replace("roc_auc", "ROC AUC"))
+        ax.set_ylabel(f"{label} of the sufficient class (0–1)" if metric == "precision" else f"{label} (0–1)")
         ax.set_ylim(0, 1.02)
-        ax.set_title(f"{metric.replace('roc_auc', 'ROC AUC')} vs how early we predict (95 % CI)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.set_title(f"{label} vs how early we predict (mean, 95 % CI)")
+        ax.grid(alpha=0.3, axis="y")
+    axes[1].legend(loc="lower right", fontsize=8)
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     plt.close(fig)
 
@@ -244,10 +262,9 @@ def _scores_html(rows: Sequence[dict]) -> str:
     head = ["features", "k", "precision", "recall", "f1", "roc_auc", "average_precision"]
     if not rows:
         return ""
-    best = max(
-        range(len(rows)),
-        key=lambda i: (rows[i]["scores"]["roc_auc"]["mean"], rows[i]["scores"]["precision"]["mean"]),
-    )
+    last = max(r["k"] for r in rows)
+    early = [i for i, r in enumerate(rows) if r["k"] < last] or list(range(len(rows)))
+    best = max(early, key=lambda i: (rows[i]["scores"]["roc_auc"]["mean"], rows[i]["scores"]["precision"]["mean"]))
     body = []
     for i, r in enumerate(rows):
         cells = [ROW_LABELS.get(r["features"], r["features"]), str(r["k"])]
@@ -259,7 +276,7 @@ def _scores_html(rows: Sequence[dict]) -> str:
     return (
         '<table class="scores"><thead><tr>'
         + "".join(f"<th>{html.escape(h.replace('roc_auc', 'ROC AUC').replace('_', ' '))}</th>" for h in head)
-        + f"</tr></thead><tbody>{''.join(body)}</tbody></table><p>Marked: the best row (highest ROC AUC).</p>"
+        + f"</tr></thead><tbody>{''.join(body)}</tbody></table><p>Marked: the best early row (k below the last checkpoint; highest ROC AUC, then precision).</p>"
     )
 
 

@@ -246,7 +246,7 @@ class ChannelTopology:
 
     def fold_batchnorm(self) -> "ChannelTopology":
         r"""This topology with batch norm folded into the layers it follows (option beyond
-        the method: SPEC's `fold_batchnorm=True`).
+        the method: `fold_batchnorm=True` of analyze and featurize).
 
         A conv or linear whose output goes only into a `BatchNorm1d/2d/3d` that keeps
         running statistics gets the weight that network computes with at inference,

@@ -310,6 +310,7 @@ def compare(
     seed: int = 0,
     clf: PerformancePredictor | None = None,
     covariates: Sequence[str] = (),
+    progress: bool = False,
 ) -> list[dict]:
     """Evaluate every feature set at every `k`; one row per (feature set, k).
 
@@ -319,10 +320,14 @@ def compare(
 
     `covariates`: known hyper-parameters appended to every feature set (see
     `feature_sets`). Runs that failed to be read or solved (`sf.usable` False) are left out of labels,
-    training and testing; featurising named them in a warning already."""
+    training and testing; featurising named them in a warning already. `progress`: a tqdm
+    bar over the (feature set, k) evaluations."""
+    from tqdm.auto import tqdm
+
     keep = sf.usable
     y = label_runs(sf.accuracies[keep], threshold)
     rows = []
+    bar = tqdm(total=len(ks) * len(names), desc="evaluating", unit="set", disable=not progress)
     for k in ks:
         for name, X in feature_sets(sf, k, names, covariates).items():
             row_clf = clf or (
@@ -334,6 +339,8 @@ def compare(
             )
             s = evaluate(row_clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
+            bar.update()
+    bar.close()
     return rows
 
 

@@ -108,5 +108,8 @@ def test_report_renders_in_a_real_browser(sweep, tmp_path):
         text=True,
         timeout=120,
     ).stdout
-    assert dom.count("<tr") == 1 + 12 + 1 + 1 and "Every run" in dom  # runs, scores (header + one row)
+    start = dom.index('<table class="sortable">')
+    assert dom[start : dom.index("</table>", start)].count("<tr") == 1 + 12 and "Every run" in dom
+    start = dom.index('<table class="scores">')
+    assert dom[start : dom.index("</table>", start)].count('<tr class="best">') == 1
     assert "What acting on the verdicts costs" in dom
