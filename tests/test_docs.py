@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,28 @@ def test_python_blocks_run_as_written(page, sweep_dir, monkeypatch):
     """A page's blocks run in order in one namespace, as a reader would paste them."""
     monkeypatch.chdir(sweep_dir)
     namespace = {"__name__": "__docs__"}
-    for i, code in enumerate(_blocks(page, "python")):
-        exec(compile(code, f"{page.name}#{i}", "exec"), namespace)
+    try:
+        for i, code in enumerate(_blocks(page, "python")):
+            exec(compile(code, f"{page.name}#{i}", "exec"), namespace)
+    finally:
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()  # the instance a Tuner started
+    check = PAGE_CHECKS.get(page.name)
+    if check:
+        check(namespace)
+
+
+def _examples_stop_something(ns):
+    """The how-to's examples show the point: the Optuna study prunes, Tune stops trials."""
+    import optuna
+
+    pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in ns["study"].trials)
+    assert 1 <= pruned < len(ns["study"].trials)
+    iterations = [r.metrics["training_iteration"] for r in ns["results"]]
+    assert 1 <= sum(i < 10 for i in iterations) < len(iterations)
+
+
+PAGE_CHECKS = {"early-stopping.md": _examples_stop_something}
 
 
 def _command_lines():
