@@ -279,7 +279,7 @@ def main(argv=None) -> int:
             "",
             f"Runs per second. Assumed: {a.cores} cores a node, a node reads {a.node_gbps} GB/s; one run costs "
             f"{r['task_sum_s'] / r['runs']:.3f} core-s (measured) plus its share of Ray's overhead (measured); "
-            "GPU nodes bound by what they read (GPU solve not measured: no GPU this session). A sweep of "
+            "GPU nodes bound by what they read (GPU solve not measured: no GPU lent to this project). A sweep of "
             f"this size has {r['tasks']} tasks: no more than that many workers are busy at once.",
             "",
             f"| nodes | CPU compute bound | node reads bound | {fs_cols} |",

@@ -438,7 +438,7 @@ def goals(results: dict) -> list[str]:
     if not rows:
         return []
     return [
-        "## Goals (issue #33)",
+        "## Goals",
         "",
         "Data-free: `DTGPruner(use_values=False)` keeps the best run (R = 0: a completed trial reaches the "
         "sweep's best final accuracy) in ≥ 95 % of the orderings and saves "

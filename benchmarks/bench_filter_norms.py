@@ -25,7 +25,7 @@ transposed *view* (what ``BlockOperator`` does on CPU), and as ``xᵀ`` times a 
 contiguous copy (``BlockOperator(transposed_copy=True)``), with the copy's own cost and the
 number of products after which it pays. Last, ``analyze`` end to end on CIFAR VGG checkpoints
 both ways (the engine's operator patched to make the copy), with the norms by ``cdist`` (the
-compiled kernel patched out) and by ``vector_norm``, and with the chunks as before session 13 (about four per call, so 3-graph batches for a
+compiled kernel patched out) and by ``vector_norm``, and with the chunks as before 2026-12-04 (about four per call, so 3-graph batches for a
 10-checkpoint VGG-16 run: ``MIN_CHUNK_GRAPHS`` patched to 1), alternated three times.
 
 Usage: python benchmarks/bench_filter_norms.py [--out benchmarks/results] [--threads 2] [--inductor]
@@ -141,9 +141,9 @@ def main(argv=None) -> None:
         "",
         "`analyze` end to end (ms per graph, best of 3 alternated runs; random-walk checkpoints of CIFAR VGG): "
         "products on the transposed view against a transposed copy per block, and (view) with the filter norms "
-        "taken by `cdist` as in sessions 12–13 and by `vector_norm` as before them instead of the compiled kernel, "
+        "taken by `cdist` as on 2026-12-04 and by `vector_norm` as before them instead of the compiled kernel, "
         "and (view) in about four chunks per "
-        "call as before session 13 (`MIN_CHUNK_GRAPHS` = 1: chunks of 3, 3, 3, 1 graphs for VGG-16 at T = 10); "
+        "call as before 2026-12-04 (`MIN_CHUNK_GRAPHS` = 1: chunks of 3, 3, 3, 1 graphs for VGG-16 at T = 10); "
         "max |Δ centrality| between view and copy.",
         "",
         "| model | T | dtype | view | copy | view, cdist norms | view, vector_norm norms | view, four chunks "

@@ -226,7 +226,7 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
     sweeps = list(table)
     cands = list(next(iter(table.values())))
     lines = [
-        "# Prediction on the benchmark suite (issue #33)",
+        "# Prediction on the benchmark suite",
         "",
         f"`{command}` ({doc['date']}, {doc['repeats']} stratified 90/10 splits per cell, shared by every row;"
         " label: final accuracy >= the sweep median; k = 25 % of the checkpoints). Each cell: precision / ROC AUC"
