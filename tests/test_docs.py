@@ -19,7 +19,20 @@ PAGES = [p for p in PAGES if "results" not in p.relative_to(ROOT).parts]
 
 
 def _blocks(path: Path, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", path.read_text(), re.S)
+    """The fenced code blocks of a page whose info string matches `lang` (a regex; "" for none),
+    read fence by fence so that a closing fence is never taken for an opening one."""
+    blocks, current, info = [], None, ""
+    for line in path.read_text().splitlines():
+        fence = re.match(r"^\s*```(\S*)\s*$", line)
+        if current is None and fence:
+            current, info = [], fence.group(1)
+        elif current is not None and fence and not fence.group(1):
+            if re.fullmatch(lang, info):
+                blocks.append("\n".join(current) + "\n")
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
 
 
 def _pages_with_python():
@@ -88,6 +101,44 @@ def _command_lines():
 def test_cli_lines_parse(line):
     args = build_parser().parse_args(shlex.split(line)[1:])
     assert callable(args.func)
+
+
+RUNNABLE = {"analyze", "featurize", "evaluate", "train", "predict", "watch"}
+
+
+def _runnable_lines():
+    """Per page, the command lines that read a sweep on disk (not those that train one, start
+    a cluster or run the full demo: `dtg sweep` and `dtg demo --quick` run in test_cli)."""
+    out = []
+    for page in PAGES:
+        lines = []
+        for block in _blocks(page, "(?:bash)?"):
+            for line in block.splitlines():
+                line = line.split("#")[0].strip()
+                args = shlex.split(line)[1:] if line.startswith("dtg ") else []
+                if args and args[0] in RUNNABLE and "--ray" not in args and "/shared/" not in line:
+                    lines.append(line)
+        if lines:
+            out.append(pytest.param(lines, id=str(page.relative_to(ROOT))))
+    return out
+
+
+@pytest.mark.parametrize("lines", _runnable_lines())
+def test_cli_lines_run(lines, sweep_dir, monkeypatch, capsys):
+    """A page's command lines that read a sweep run as written on the docs' SWEEP (in order, so
+    `dtg train` writes the predictor `dtg predict` reads); `dtg watch` makes one pass."""
+    from dtg_gpu.cli.main import main
+
+    monkeypatch.chdir(sweep_dir)
+    trained = False
+    for line in lines:
+        args = shlex.split(line.replace("NEW_SWEEP", "SWEEP").replace("RESNET", "SWEEP"))[1:]
+        if args[0] == "watch" and "--once" not in args:
+            args.append("--once")
+        if "predictor.safetensors" in args and args[0] != "train" and not trained:
+            assert main(["train", "SWEEP", "-k", "5", "--out", "predictor.safetensors", "--device", "cpu"]) == 0
+        trained |= args[0] == "train"
+        assert main([*args, "--device", "cpu"]) == 0, line
 
 
 def test_readme_is_a_front_door():
