@@ -20,6 +20,24 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local 2-CPU Ray instance for one test module, never a cluster: `address="local"`
+    ignores `RAY_ADDRESS` and a running cluster. Workers import the tests' helpers."""
+    ray = pytest.importorskip("ray")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{os.path.dirname(here)}", "OMP_NUM_THREADS": "1"}},
+    )
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     """Runs the test on the CPU, and again on CUDA when present (PyG's withCUDA)."""

@@ -55,20 +55,6 @@ def same_features(a, b) -> None:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}", "OMP_NUM_THREADS": "1"}},
-    )
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
     """6 LeNet-5 runs of 4 checkpoints on digits."""
     return run_sweep(SweepConfig(**TINY), tmp_path_factory.mktemp("dist") / "sweep", progress=False, device="cpu")

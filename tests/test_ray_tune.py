@@ -49,20 +49,6 @@ CONFIGS = (
 )
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    here = Path(__file__).resolve().parent
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}", "OMP_NUM_THREADS": "1"}},
-    )
-    yield
-    ray.shutdown()
-
-
 def _run(tmp_path, name, scheduler=None, stopper=None):
     tuner = tune.Tuner(
         trainable,
