@@ -1,7 +1,8 @@
 r"""Seed-model sweeps (method step 1): one architecture, one dataset, a grid of learning
 rates × dropout rates × seeds, written in the on-disk format of docs/method.md.
 
-Crash safety: every file goes to `NAME.tmp` and is renamed into place, and a run's
+Crash safety: every file is written to a hidden temporary beside it
+(`.NAME.XXXXXXXX.tmp.SUFFIX`, see `atomic_write`) and renamed into place, and a run's
 `run.json` is written last, so a folder without a complete `run.json` is unfinished.
 A restarted sweep skips complete runs and redoes unfinished ones from scratch; killing it
 at any moment loses no completed run.
