@@ -1467,15 +1467,18 @@ def channel_topology(model: nn.Module, *, strict: bool = False, fallback: bool =
 
         try:
             topo = trace_with_shapes(model)
+        except Exception as shape_exc:  # neither tracer follows it: say why for both
+            shape_cause = " ".join(f"{type(shape_exc).__name__}: {shape_exc}".split())[:300]
+        else:
             _CACHE[key] = topo
-            _check_coverage(topo, type(model).__name__, strict)
+            _check_coverage(topo, type(model).__name__, strict)  # its error is the answer, not a fallback
             return topo
-        except Exception:
-            pass
         if not fallback:
             cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            cause += f"; following shapes: {shape_cause}" if shape_cause != cause else ""
             raise TopologyError(
-                f"{type(model).__name__}: cannot be traced ({cause}), so which layers feed which is unknown; "
+                f"{type(model).__name__}: cannot be traced ({cause}), "
+                "so which layers feed which is unknown; "
                 "make its forward traceable by torch.fx, or, if its conv/linear layers form one chain in "
                 "registration order, pass fallback=True (Run(..., fallback=True), dtg analyze --registration-order)"
             ) from None

@@ -91,6 +91,9 @@ def test_untraceable_model_falls_back_with_warning():
     # refused by default: which layer feeds which is unknown (a silently wrong graph otherwise)
     with pytest.raises(TopologyError, match=r"Dynamic: cannot be traced \(.*\), so which layers feed which is unknown"):
         channel_topology(Dynamic())
+    with pytest.raises(TopologyError) as err:  # the shape tracer failed for the same reason: said once
+        channel_topology(Dynamic())
+    assert str(err.value).count("TraceError") == 1
     with pytest.raises(TopologyError, match="pass fallback=True"):
         dtg_gpu.analyze(dtg_gpu.Run(model=Dynamic(), checkpoints=[Dynamic().state_dict()]), device="cpu")
     # on request: registration order, with a warning
