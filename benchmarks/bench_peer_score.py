@@ -108,13 +108,13 @@ def main() -> None:
         "|---|---|---|---|",
     ]
     same = 0
+    shipped = next(iter(CANDIDATES))
     for held in table:
         others = [s for s in table if s != held]
         chosen = max(
             CANDIDATES,
             key=lambda c: (np.mean([table[s][c][0] for s in others]), np.mean([table[s][c][1] for s in others])),
         )
-        shipped = next(iter(CANDIDATES))
         same += chosen == shipped
         f, a = table[held][chosen]
         fs, as_ = table[held][shipped]

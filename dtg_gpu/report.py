@@ -37,7 +37,8 @@ def plot_statistics(sf, path: Path) -> None:
     diverged = _diverged(sf)
     cmap = plt.get_cmap("viridis")
     t = np.arange(1, sf.timesteps + 1)
-    units = {"mean": "", "std": "", "median": "", "skewness": " (unitless)", "kurtosis": " (excess, unitless)"}
+    units = {"skewness": " (unitless)", "kurtosis": " (excess, unitless)"}
+    xlabel = f"checkpoint (one = one {_unit(sf)})"
     for i, (ax, name) in enumerate(zip(axes, STATISTICS)):
         for r in np.argsort(acc):
             if not sf.usable[r]:
@@ -45,7 +46,7 @@ def plot_statistics(sf, path: Path) -> None:
             style = dict(color="#c00", lw=1.0, ls="--") if diverged[r] else dict(color=cmap(acc[r]), lw=0.8, alpha=0.8)
             ax.plot(t, sf.stats[r, :, i].numpy(), marker=".", ms=3, **style)
         ax.set_title(f"centrality {name}")
-        ax.set_xlabel(f"checkpoint (one = one {_unit(sf)})")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{name} of the centrality{units.get(name, '')}")
         ax.set_xticks(t if len(t) <= 12 else t[:: max(1, len(t) // 10)])
     if any(diverged):

@@ -1,6 +1,7 @@
 """The quickstart notebook runs as committed, shows its plot and evaluates with enough splits
 to mean something; the committed copy carries its outputs."""
 
+import ast
 from pathlib import Path
 
 import nbformat
@@ -33,7 +34,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     assert (tmp_path / "sweep" / "sweep.json").is_file()
     assert _images(nb) == 1  # the statistics plot, inline
     result = [o for o in nb.cells[-1].outputs if o["output_type"] == "execute_result"]
-    last = eval(result[0]["data"]["text/plain"])  # {'default': {...}, 'seed (spec)': {...}}
+    last = ast.literal_eval(result[0]["data"]["text/plain"])  # {'default': {...}, 'seed (spec)': {...}}
     assert set(last) == {"default", "seed (spec)"} and set(last["default"]) == {"precision", "roc_auc"}
     # the analysed run changes over training: its centrality statistics are not constant
     table = [o for o in nb.cells[5].outputs if o["output_type"] == "execute_result"][0]["data"]["text/plain"]
