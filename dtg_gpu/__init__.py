@@ -8,21 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import (
-    CheckpointError,
-    ConvergenceWarning,
-    DatasetNotFoundError,
-    DisconnectedGraphWarning,
-    DTGError,
-    DTGWarning,
-    FailedRunsWarning,
-    InsufficientCheckpointsError,
-    NonFiniteWeightsWarning,
-    TopologyError,
-    TracingFallbackWarning,
-    UncoveredWeightsWarning,
-    UnsafeCheckpointError,
-)
+from dtg_gpu.exceptions import CheckpointError, ConvergenceWarning, DatasetNotFoundError, DisconnectedGraphWarning, DTGError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError, NonFiniteWeightsWarning, TopologyError, TracingFallbackWarning, UncoveredWeightsWarning, UnsafeCheckpointError
 
 # The rest is imported when first used (PEP 562): `import dtg_gpu` and `dtg --help` do not
 # pay for torch until something needs it.
@@ -52,16 +38,16 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from ._native import native_status
-    from .analysis import AnalysisResult, analyze, featurize
-    from .centrality import EigenResult, eigenvector_centrality, solve_perron
-    from .checkpoints import Run, load_state_dict
-    from .evaluation import evaluate
-    from .features import temporal_features, temporal_reinforcement
-    from .graph import BlockOperator, filter_norms
-    from .predictor import PerformancePredictor, label_runs, split_runs
-    from .statistics import STATISTICS, timestep_statistics
-    from .topology import ChannelTopology, WeightLayer, channel_topology
+    from dtg_gpu._native import native_status
+    from dtg_gpu.analysis import AnalysisResult, analyze, featurize
+    from dtg_gpu.centrality import EigenResult, eigenvector_centrality, solve_perron
+    from dtg_gpu.checkpoints import Run, load_state_dict
+    from dtg_gpu.evaluation import evaluate
+    from dtg_gpu.features import temporal_features, temporal_reinforcement
+    from dtg_gpu.graph import BlockOperator, filter_norms
+    from dtg_gpu.predictor import PerformancePredictor, label_runs, split_runs
+    from dtg_gpu.statistics import STATISTICS, timestep_statistics
+    from dtg_gpu.topology import ChannelTopology, WeightLayer, channel_topology
 
 
 def __getattr__(name: str) -> Any:

@@ -16,17 +16,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .centrality import Method, solve_perron
-from .checkpoints import Run
-from .exceptions import (
-    CheckpointError,
-    ConvergenceWarning,
-    DisconnectedGraphWarning,
-    NonFiniteWeightsWarning,
-    TopologyError,
-)
-from .graph import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
-from .topology import ChannelTopology
+from dtg_gpu.centrality import Method, solve_perron
+from dtg_gpu.checkpoints import Run
+from dtg_gpu.exceptions import CheckpointError, ConvergenceWarning, DisconnectedGraphWarning, NonFiniteWeightsWarning, TopologyError
+from dtg_gpu.graph import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
+from dtg_gpu.topology import ChannelTopology
 
 __all__ = [
     "resolve_device",

@@ -20,13 +20,13 @@ from typing import Any, Literal
 
 import torch
 
-from ._engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
-from .centrality import Method
-from .checkpoints import Run
-from .feature_cache import CachedRun, FeatureCache, architecture_signature, run_id, unit_key
-from .layout import StatisticsLayout
-from .statistics import layer_node_groups, layer_statistics, timestep_statistics
-from .topology import ChannelTopology
+from dtg_gpu._engine import GraphBatchResult, Unit, concat_results, iter_solve, plan_units, warn_results
+from dtg_gpu.centrality import Method
+from dtg_gpu.checkpoints import Run
+from dtg_gpu.feature_cache import CachedRun, FeatureCache, architecture_signature, run_id, unit_key
+from dtg_gpu.layout import StatisticsLayout
+from dtg_gpu.statistics import layer_node_groups, layer_statistics, timestep_statistics
+from dtg_gpu.topology import ChannelTopology
 
 __all__ = ["Executor", "SolveSettings", "Job", "UnitResult", "solve_unit", "featurize_runs"]
 
@@ -242,7 +242,7 @@ def featurize_runs(
             why = next((e for e in errors if e is not None), None)
             if why is not None:
                 if strict:
-                    from .exceptions import CheckpointError
+                    from dtg_gpu.exceptions import CheckpointError
 
                     raise CheckpointError(why)
                 failed[row] = why
@@ -253,7 +253,7 @@ def featurize_runs(
     if todo:
         graphs = sum(len(j.runs) for j in todo) * s.k
         if executor == "ray":
-            from .integrations.ray_cluster import solve_jobs
+            from dtg_gpu.integrations.ray_cluster import solve_jobs
 
             solve_jobs(
                 todo, s, device, cache, on_done, progress=progress, address=address, strict=strict, failed=failed
@@ -297,7 +297,7 @@ def _warn_jobs(jobs: Sequence[Job], k: int) -> None:
 def default_cache(runs: Any, cache: Any) -> FeatureCache | None:
     """`cache`: `None` → the sweep folder's `.dtg-cache` when `runs` came from
     [`load_sweep`][dtg_gpu.sweeps.load_sweep] (else none); `False` → none; a path → that folder."""
-    from .feature_cache import CACHE_DIRNAME
+    from dtg_gpu.feature_cache import CACHE_DIRNAME
 
     if cache is False:
         return None

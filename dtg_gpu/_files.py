@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Union
 
-from .exceptions import CheckpointError
+from dtg_gpu.exceptions import CheckpointError
 
 __all__ = ["atomic_write", "check_target", "confined_path"]
 

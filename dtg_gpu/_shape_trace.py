@@ -32,28 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .exceptions import TopologyError
-from .topology import (
-    _ADD,
-    _ADD_METHODS,
-    _CONV,
-    _CONV_FNS,
-    _LINEAR_FNS,
-    _MATMUL,
-    _MATMUL_METHODS,
-    _PARAM_OK,
-    _SDPA,
-    ChannelTopology,
-    _attention_of,
-    _Builder,
-    _Cell,
-    _coverage,
-    _describe,
-    _Tracer,
-    _Val,
-    encoder_layers,
-    packed_qkv,
-)
+from dtg_gpu.exceptions import TopologyError
+from dtg_gpu.topology import _ADD, _ADD_METHODS, _CONV, _CONV_FNS, _LINEAR_FNS, _MATMUL, _MATMUL_METHODS, _PARAM_OK, _SDPA, ChannelTopology, _attention_of, _Builder, _Cell, _coverage, _describe, _Tracer, _Val, encoder_layers, packed_qkv
 
 __all__ = ["trace_with_shapes"]
 
@@ -339,7 +319,7 @@ class _IdInterpreter(torch.fx.Interpreter):
                 return self._permuted_linear(name, module, val, perm, result)
             out = self.builder.add_layer(name, module, val, kind)
         else:
-            from .topology import _add_call
+            from dtg_gpu.topology import _add_call
 
             out = _add_call(self.builder, self.module, n, val, self.state)
             if out is None:
@@ -414,7 +394,7 @@ class _IdInterpreter(torch.fx.Interpreter):
             if isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
                 return self._encoder(n, mod, result)
             if any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
-                from .topology import unknown_module_message
+                from dtg_gpu.topology import unknown_module_message
 
                 raise TopologyError(unknown_module_message(str(target), mod))
             if isinstance(mod, (nn.Flatten, nn.Unflatten, nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle)):

@@ -10,16 +10,16 @@ from typing import Any, Literal, overload
 
 import torch
 
-from ._engine import READ_ERRORS, SolvedGraphs, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
-from ._executors import SolveSettings, default_cache, featurize_runs
-from .centrality import Method, attainable_tol, check_solver_args
-from .checkpoints import Run
-from .exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
-from .features import FeatureRecipe, check_alpha, feature_recipe, temporal_features
-from .graph import to_networkx as _to_networkx
-from .graph import to_pyg
-from .statistics import STATISTICS, layer_node_groups, timestep_statistics
-from .topology import ChannelTopology
+from dtg_gpu._engine import READ_ERRORS, SolvedGraphs, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
+from dtg_gpu._executors import SolveSettings, default_cache, featurize_runs
+from dtg_gpu.centrality import Method, attainable_tol, check_solver_args
+from dtg_gpu.checkpoints import Run
+from dtg_gpu.exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
+from dtg_gpu.features import FeatureRecipe, check_alpha, feature_recipe, temporal_features
+from dtg_gpu.graph import to_networkx as _to_networkx
+from dtg_gpu.graph import to_pyg
+from dtg_gpu.statistics import STATISTICS, layer_node_groups, timestep_statistics
+from dtg_gpu.topology import ChannelTopology
 
 __all__ = ["AnalysisResult", "analyze", "featurize"]
 
@@ -555,7 +555,7 @@ def featurize_with_failures(
 def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list[int], strict: bool) -> torch.Tensor:
     """Weight statistics of checkpoint `k` for every run (NaN rows for failed runs; a run
     that fails here is added to `failures`)."""
-    from .baselines import weight_statistics
+    from dtg_gpu.baselines import weight_statistics
 
     rows: list[Any] = [None] * len(runs)
     for i, run in enumerate(runs):

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .checkpoints import Run
-from .exceptions import InsufficientCheckpointsError
+from dtg_gpu.checkpoints import Run
+from dtg_gpu.exceptions import InsufficientCheckpointsError
 
 __all__ = [
     "weight_statistics",

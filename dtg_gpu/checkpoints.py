@@ -29,9 +29,9 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-from ._files import confined_path
-from .exceptions import CheckpointError, UnsafeCheckpointError
-from .topology import ChannelTopology, channel_topology
+from dtg_gpu._files import confined_path
+from dtg_gpu.exceptions import CheckpointError, UnsafeCheckpointError
+from dtg_gpu.topology import ChannelTopology, channel_topology
 
 __all__ = [
     "Run",
@@ -872,7 +872,7 @@ class Run:
         if model is None:
             if "model" not in meta:
                 raise CheckpointError(f"{path}: no run.json naming the model; pass model=...")
-            from .models import build_model
+            from dtg_gpu.models import build_model
 
             try:
                 with torch.device("meta"):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .exceptions import DatasetNotFoundError
+from dtg_gpu.exceptions import DatasetNotFoundError
 
 __all__ = ["Dataset", "DATASETS", "SHAPES_CLASSES", "load_dataset", "make_shapes"]
 

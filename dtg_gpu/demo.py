@@ -8,11 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from .analysis import analyze
-from .evaluation import METRICS
-from .report import results_table, write_report
-from .sweeps import SweepConfig, atomic_write, load_sweep, run_sweep
-from .workflow import compare, featurize_sweep, run_verdicts
+from dtg_gpu.analysis import analyze
+from dtg_gpu.evaluation import METRICS
+from dtg_gpu.report import results_table, write_report
+from dtg_gpu.sweeps import SweepConfig, atomic_write, load_sweep, run_sweep
+from dtg_gpu.workflow import compare, featurize_sweep, run_verdicts
 
 __all__ = ["demo_config", "run_demo"]
 

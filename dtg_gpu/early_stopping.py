@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .features import check_alpha, temporal_features
-from .layout import StatisticsLayout
+from dtg_gpu.features import check_alpha, temporal_features
+from dtg_gpu.layout import StatisticsLayout
 
 __all__ = [
     "FEATURE_SETS",
@@ -97,10 +97,10 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     CheckpointError, TopologyError
         A checkpoint cannot be read or the model cannot be traced (names it).
     """
-    from .analysis import featurize_with_failures
-    from .baselines import tensor_statistics
-    from .checkpoints import Run
-    from .predictor import architecture_signature
+    from dtg_gpu.analysis import featurize_with_failures
+    from dtg_gpu.baselines import tensor_statistics
+    from dtg_gpu.checkpoints import Run
+    from dtg_gpu.predictor import architecture_signature
 
     part = Run(
         model=run.model,
@@ -148,11 +148,11 @@ def many_run_records(
     statistics are `None` (half the time of a pass goes to their quantiles; a rule that
     does not read them, [`StoppingRule.needs_weight_stats`][dtg_gpu.early_stopping.StoppingRule.needs_weight_stats], skips them).
     """
-    from ._engine import READ_ERRORS
-    from .analysis import featurize_with_failures
-    from .baselines import tensor_statistics
-    from .checkpoints import Run
-    from .predictor import architecture_signature
+    from dtg_gpu._engine import READ_ERRORS
+    from dtg_gpu.analysis import featurize_with_failures
+    from dtg_gpu.baselines import tensor_statistics
+    from dtg_gpu.checkpoints import Run
+    from dtg_gpu.predictor import architecture_signature
 
     out: list[list[dict] | str] = [[] for _ in runs]
     groups: dict[tuple, list[int]] = {}
@@ -251,7 +251,7 @@ def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] 
     >>> len(rec["dtg"]), len(rec["weight_stats"])
     (5, 14)
     """
-    from .checkpoints import Run
+    from dtg_gpu.checkpoints import Run
 
     if state is None:
         state = {k: v.detach() for k, v in model.state_dict().items()}

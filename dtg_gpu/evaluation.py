@@ -23,7 +23,7 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from .predictor import split_runs
+from dtg_gpu.predictor import split_runs
 
 __all__ = ["METRICS", "evaluate", "summarize"]
 

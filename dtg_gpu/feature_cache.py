@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from ._files import atomic_write
-from .exceptions import DTGWarning
+from dtg_gpu._files import atomic_write
+from dtg_gpu.exceptions import DTGWarning
 
 __all__ = ["CACHE_DIRNAME", "CachedRun", "FeatureCache", "run_id", "unit_key"]
 
@@ -121,7 +121,7 @@ def unit_key(
 ) -> str | None:
     """The cache key of a unit (hex SHA-256), or `None` when a checkpoint of it is not a
     file that can be identified (in memory, missing): such a unit is always solved."""
-    from . import __version__
+    from dtg_gpu import __version__
 
     members = []
     for run in runs:

@@ -22,9 +22,9 @@ import networkx as nx
 import numpy as np
 import torch
 
-from ._native import native_row_norms
-from .exceptions import CheckpointError
-from .topology import ChannelTopology, WeightLayer
+from dtg_gpu._native import native_row_norms
+from dtg_gpu.exceptions import CheckpointError
+from dtg_gpu.topology import ChannelTopology, WeightLayer
 
 __all__ = [
     "filter_norms",

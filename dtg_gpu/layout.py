@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .statistics import STATISTICS, layer_node_groups
+from dtg_gpu.statistics import STATISTICS, layer_node_groups
 
 __all__ = ["StatisticsLayout"]
 

@@ -360,7 +360,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
     def _device(self) -> torch.device:
-        from ._engine import resolve_device
+        from dtg_gpu._engine import resolve_device
 
         return resolve_device(self.device)
 
@@ -607,8 +607,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning]); `strict=True` raises instead. A
         diverged run (non-finite weights) is insufficient by rule, as in [`predict_proba`][dtg_gpu.PerformancePredictor.predict_proba].
         """
-        from ._engine import READ_ERRORS
-        from .analysis import featurize_with_failures, warn_failures
+        from dtg_gpu._engine import READ_ERRORS
+        from dtg_gpu.analysis import featurize_with_failures, warn_failures
 
         fs = self.feature_settings or {}
         if "timesteps" not in fs or "alpha" not in fs:
@@ -645,7 +645,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             if r.name not in failures and len(r) < k:
                 why = f"has {len(r)} checkpoint(s); this predictor reads the first {k}"
                 if strict:
-                    from .exceptions import InsufficientCheckpointsError
+                    from dtg_gpu.exceptions import InsufficientCheckpointsError
 
                     raise InsufficientCheckpointsError(f"run {r.name!r}: {why}")
                 failures[r.name] = why
@@ -705,7 +705,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 **({"blocks": [int(w) for w in blocks]} if (blocks := getattr(self, "blocks_", None)) else {}),
             },
         }
-        from ._files import atomic_write
+        from dtg_gpu._files import atomic_write
 
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"dtg_predictor": json.dumps(meta)}))
 
@@ -725,7 +725,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         """
         from safetensors import SafetensorError, safe_open
 
-        from .exceptions import CheckpointError
+        from dtg_gpu.exceptions import CheckpointError
 
         def bad(what: str) -> CheckpointError:
             return CheckpointError(f"{path}: not a valid dtg_gpu predictor file: {what}")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._files import atomic_write
-from .early_stopping import StoppingRule
-from .statistics import STATISTICS
+from dtg_gpu._files import atomic_write
+from dtg_gpu.early_stopping import StoppingRule
+from dtg_gpu.statistics import STATISTICS
 
 __all__ = ["write_report", "results_table", "acting_costs", "STOP_BELOW"]
 

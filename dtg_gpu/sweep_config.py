@@ -51,8 +51,8 @@ class SweepConfig:
         ValueError
             The field and the value that is wrong.
         """
-        from .data import DATASETS
-        from .models import MODELS
+        from dtg_gpu.data import DATASETS
+        from dtg_gpu.models import MODELS
 
         def real(x) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

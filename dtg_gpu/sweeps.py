@@ -26,14 +26,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._engine import resolve_device
-from ._files import atomic_write, confined_path
-from ._grouped import GroupedSequential, sequential_layers
-from .checkpoints import Run, read_manifest
-from .data import Dataset, load_dataset
-from .exceptions import CheckpointError, DTGWarning, SweepLockedError
-from .models import build_model
-from .sweep_config import LR_SCHEDULES, OPTIMIZERS, PRESETS, SUITE, SweepConfig, lr_factor
+from dtg_gpu._engine import resolve_device
+from dtg_gpu._files import atomic_write, confined_path
+from dtg_gpu._grouped import GroupedSequential, sequential_layers
+from dtg_gpu.checkpoints import Run, read_manifest
+from dtg_gpu.data import Dataset, load_dataset
+from dtg_gpu.exceptions import CheckpointError, DTGWarning, SweepLockedError
+from dtg_gpu.models import build_model
+from dtg_gpu.sweep_config import LR_SCHEDULES, OPTIMIZERS, PRESETS, SUITE, SweepConfig, lr_factor
 
 __all__ = [
     "SweepConfig",
@@ -575,7 +575,7 @@ def run_sweep(
         todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name, verify=True)]
         _warn_foreign(out, cfg, names, grid)
         if todo and executor == "ray":
-            from .integrations.ray_cluster import train_batches
+            from dtg_gpu.integrations.ray_cluster import train_batches
 
             train_batches(
                 cfg,
@@ -783,8 +783,8 @@ def load_sweep(
         `sweep.json` is not valid (not JSON, no `runs` list, a run name that leads
         outside the folder); the message names the file and the field.
     """
-    from ._engine import READ_ERRORS
-    from .analysis import warn_failures
+    from dtg_gpu._engine import READ_ERRORS
+    from dtg_gpu.analysis import warn_failures
 
     path = Path(path)
     manifest = path / "sweep.json"
@@ -834,9 +834,9 @@ def load_sweep(
 
 def _load_run_folders(path: Path, model, prefix: str | None, strict: bool, pattern: str | None = None) -> SweepRuns:
     """Every sub-folder of `path` that holds checkpoints, as a run of `model`."""
-    from ._engine import READ_ERRORS
-    from .analysis import warn_failures
-    from .checkpoints import _natural_key, _scan_checkpoints
+    from dtg_gpu._engine import READ_ERRORS
+    from dtg_gpu.analysis import warn_failures
+    from dtg_gpu.checkpoints import _natural_key, _scan_checkpoints
 
     runs = SweepRuns(path=path)
     for sub in sorted(

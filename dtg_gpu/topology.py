@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .exceptions import TopologyError, TracingFallbackWarning, UncoveredWeightsWarning
+from dtg_gpu.exceptions import TopologyError, TracingFallbackWarning, UncoveredWeightsWarning
 
 __all__ = ["WeightLayer", "ChannelTopology", "channel_topology"]
 
@@ -1456,14 +1456,14 @@ def channel_topology(model: nn.Module, *, strict: bool = False, fallback: bool =
     try:
         topo = _trace(model)
     except TopologyError as first:  # a layout only shapes can tell (tokens, heads): follow them
-        from ._shape_trace import trace_with_shapes
+        from dtg_gpu._shape_trace import trace_with_shapes
 
         try:
             topo = trace_with_shapes(model)
         except TopologyError:
             raise first from None
     except Exception as exc:  # torch.fx raises many kinds on dynamic control flow
-        from ._shape_trace import trace_with_shapes
+        from dtg_gpu._shape_trace import trace_with_shapes
 
         try:
             topo = trace_with_shapes(model)

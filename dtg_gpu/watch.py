@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .early_stopping import StoppingRule, is_diverged, many_run_records, run_records
+from dtg_gpu.early_stopping import StoppingRule, is_diverged, many_run_records, run_records
 
 __all__ = ["Verdict", "SweepWatcher"]
 
@@ -87,8 +87,8 @@ class SweepWatcher:
     # --------------------------------------------------------------- the folder
     def run_folders(self) -> list[Path]:
         """The run folders: those `sweep.json` lists (in grid order), else every subfolder."""
-        from ._files import confined_path
-        from .checkpoints import read_manifest
+        from dtg_gpu._files import confined_path
+        from dtg_gpu.checkpoints import read_manifest
 
         manifest = self.sweep / "sweep.json"
         if manifest.is_file():
@@ -103,9 +103,9 @@ class SweepWatcher:
     def _sweep_model(self) -> torch.nn.Module:
         """The model of a `dtg sweep` folder, from `sweep.json` (runs still training have no
         `run.json` yet)."""
-        from .checkpoints import CheckpointError, read_manifest
-        from .data import _dataset_shape
-        from .models import build_model
+        from dtg_gpu.checkpoints import CheckpointError, read_manifest
+        from dtg_gpu.data import _dataset_shape
+        from dtg_gpu.models import build_model
 
         manifest = self.sweep / "sweep.json"
         cfg = read_manifest(manifest).get("config", {}) if manifest.is_file() else {}
@@ -118,14 +118,14 @@ class SweepWatcher:
 
     def _run_of(self, folder: Path):
         """`(Run, finished)` for one folder; a folder with no checkpoint yet gives `(None, False)`."""
-        from .checkpoints import Run, _scan_checkpoints
-        from .sweeps import _state_of
+        from dtg_gpu.checkpoints import Run, _scan_checkpoints
+        from dtg_gpu.sweeps import _state_of
 
         state = _state_of(folder)
         if state == "complete":
             return Run.from_dir(folder, model=self.model), True
         if state != "unfinished":
-            from .exceptions import CheckpointError
+            from dtg_gpu.exceptions import CheckpointError
 
             raise CheckpointError(state)
         files = _scan_checkpoints(folder) if folder.is_dir() else []
@@ -150,8 +150,8 @@ class SweepWatcher:
         """Summarise the checkpoints after those seen, up to the first that cannot be read
         (a half-written file of a training loop that does not write atomically); returns
         that one's error, and the next pass tries it again."""
-        from ._engine import READ_ERRORS
-        from .checkpoints import Run
+        from dtg_gpu._engine import READ_ERRORS
+        from dtg_gpu.checkpoints import Run
 
         start = len(seen.files)
         try:
@@ -181,7 +181,7 @@ class SweepWatcher:
         A finished run whose checkpoints cannot be read is `"failed"`; a running one is
         judged from the checkpoints read so far (an unreadable newest file is tried again
         at the next pass, its error kept in `Verdict.error`)."""
-        from ._engine import READ_ERRORS
+        from dtg_gpu._engine import READ_ERRORS
 
         runs: dict[str, tuple] = {}
         out: dict[str, Verdict] = {}

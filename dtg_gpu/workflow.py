@@ -15,17 +15,17 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ._engine import READ_ERRORS
-from ._executors import default_cache
-from .analysis import featurize_with_failures, warn_failures
-from .baselines import learning_curve, spectral_alpha, weight_statistics
-from .checkpoints import Run
-from .evaluation import evaluate
-from .features import temporal_features
-from .layout import StatisticsLayout
-from .predictor import PerformancePredictor, label_runs
-from .statistics import layer_node_groups
-from .sweeps import SweepRuns
+from dtg_gpu._engine import READ_ERRORS
+from dtg_gpu._executors import default_cache
+from dtg_gpu.analysis import featurize_with_failures, warn_failures
+from dtg_gpu.baselines import learning_curve, spectral_alpha, weight_statistics
+from dtg_gpu.checkpoints import Run
+from dtg_gpu.evaluation import evaluate
+from dtg_gpu.features import temporal_features
+from dtg_gpu.layout import StatisticsLayout
+from dtg_gpu.predictor import PerformancePredictor, label_runs
+from dtg_gpu.statistics import layer_node_groups
+from dtg_gpu.sweeps import SweepRuns
 
 __all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "run_verdicts", "FEATURE_SETS"]
 
@@ -92,7 +92,7 @@ class SweepFeatures:
     def table(self):
         """Tidy per-timestep table of the whole sweep (pandas): one row per (run, t) with the
         raw and smoothed statistics and the run's lr, dropout, seed, status, final accuracy."""
-        from .analysis import statistics_frame
+        from dtg_gpu.analysis import statistics_frame
 
         r, t, _ = self.stats.shape
         smooth = temporal_features(self.stats, self.alpha).reshape(r, t, 5)
@@ -244,7 +244,7 @@ def feature_sets(
 
     `covariates`: run.json fields ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]) appended to
     every set but `covariates` itself, which they make up (default: `lr`, `dropout`)."""
-    from .analysis import covariate_matrix
+    from dtg_gpu.analysis import covariate_matrix
 
     out: dict[str, np.ndarray] = {}
     cov = (

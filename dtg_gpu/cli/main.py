@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 
-from . import commands
+from dtg_gpu.cli import commands
 
 SUBCOMMANDS = ["sweep", "analyze", "featurize", "train", "predict", "watch", "evaluate", "bench", "env", "demo"]
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  dtg watch NEW_SWEEP --predictor p.safetensors # stop/continue while it trains (advice: you act)\n"
         "every command has --help; --spec runs the seed's method exactly",
     )
-    from .. import __version__
+    from dtg_gpu import __version__
 
     parser.add_argument("--version", action="version", version=f"dtg_gpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -49,7 +49,7 @@ def _one_line(text: object) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ..exceptions import DTGWarning
+    from dtg_gpu.exceptions import DTGWarning
 
     def show(message, category, *_args, **_kwargs):  # dtg_gpu's warnings, one line each
         print(f"dtg {args.command}: warning: {_one_line(message)}", file=sys.stderr)

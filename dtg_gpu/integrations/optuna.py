@@ -48,7 +48,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
-from ..early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
+from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records", "trial_run"]
 
@@ -172,7 +172,7 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
     else:
         from safetensors.torch import save_file
 
-        from .._files import atomic_write
+        from dtg_gpu._files import atomic_write
 
         where = folder / f"trial-{trial.number:06d}"
         where.mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ def trial_records(trial) -> tuple[list[int], list[dict]]:
 def trial_run(study, trial, model: torch.nn.Module):
     """The trial's recorded checkpoints as a [`Run`][dtg_gpu.Run], to analyse
     with the rest of the library (`dtg_gpu.analyze(trial_run(study, t, model))`)."""
-    from ..checkpoints import Run
+    from dtg_gpu.checkpoints import Run
 
     steps, _ = trial_records(trial)
     folder = checkpoint_folder(study)

@@ -40,9 +40,9 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("executor='ray' (--ray) needs Ray: pip install 'dtg_gpu[ray]'") from None
 
-from .._engine import Unit, resolve_device
-from .._executors import Job, SolveSettings, UnitResult, solve_unit, store
-from ..feature_cache import FeatureCache
+from dtg_gpu._engine import Unit, resolve_device
+from dtg_gpu._executors import Job, SolveSettings, UnitResult, solve_unit, store
+from dtg_gpu.feature_cache import FeatureCache
 
 __all__ = ["ray_session", "solve_jobs", "train_batches", "task_resources"]
 
@@ -265,8 +265,8 @@ def solve_jobs(
 def _train_task(
     cfg, batch: list, out: str, device: str | None, data_root: str | None, download: bool, dataset
 ) -> list[str]:
-    from ..data import load_dataset
-    from ..sweeps import train_batch, tune_cpu_malloc
+    from dtg_gpu.data import load_dataset
+    from dtg_gpu.sweeps import train_batch, tune_cpu_malloc
 
     dev = resolve_device(device)
     if dev.type == "cpu":
@@ -296,7 +296,7 @@ def train_batches(
     SweepFailedError
         After every other batch finished: the runs whose tasks failed, with the causes.
     """
-    from ..exceptions import SweepFailedError
+    from dtg_gpu.exceptions import SweepFailedError
 
     dev = None if device is None else torch.device(device)
     failures: dict[str, str] = {}

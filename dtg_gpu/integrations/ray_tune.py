@@ -49,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
 
-from ..early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
+from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
 
@@ -65,9 +65,9 @@ def checkpoint_weights(folder: str | os.PathLike, name: str | None = None) -> di
     CheckpointError
         No weights file, several candidates and no `name`, or an unreadable file.
     """
-    from .._files import confined_path
-    from ..checkpoints import CHECKPOINT_SUFFIXES, load_state_dict
-    from ..exceptions import CheckpointError
+    from dtg_gpu._files import confined_path
+    from dtg_gpu.checkpoints import CHECKPOINT_SUFFIXES, load_state_dict
+    from dtg_gpu.exceptions import CheckpointError
 
     folder = Path(folder)
     if name is not None:
@@ -162,7 +162,7 @@ def _trial_folder(trial) -> Path | None:
 def _mark_stopped(folder: Path | None, trial_id: str) -> None:
     if folder is None or not folder.is_dir():
         return
-    from .._files import atomic_write
+    from dtg_gpu._files import atomic_write
 
     try:
         atomic_write(folder / _MARKER, json.dumps({"trial_id": trial_id, "stopped_by": "dtg_gpu"}))
