@@ -47,8 +47,8 @@ def write_cifar_vgg(path: Path, runs: int = 16, t: int = 10) -> Path:
     """A sweep folder of full-width CIFAR VGG-11 checkpoints (random walks, not trained)."""
     from safetensors.torch import save_file
 
-    from dtg_gpu._files import atomic_write
-    from dtg_gpu.models import build_model
+    from dtg_gpu.core.files import atomic_write
+    from dtg_gpu.sweeps.models import build_model
 
     if (path / "sweep.json").is_file():
         return path
@@ -107,8 +107,8 @@ def _identical(a, b) -> bool:
 
 def _task_costs(runs, k: int) -> list[dict]:
     """Every unit of the plan solved here on one thread: (runs, graphs, seconds)."""
-    from dtg_gpu._engine import plan_units
-    from dtg_gpu._executors import SolveSettings, solve_unit
+    from dtg_gpu.engine.solve import plan_units
+    from dtg_gpu.engine.units import SolveSettings, solve_unit
 
     s = SolveSettings(k=k, dtype=torch.float32, tol=1e-6, max_iter=1000, method="auto", per_layer=True, eigenvalue=True)
     threads = torch.get_num_threads()
@@ -134,7 +134,7 @@ def _task_costs(runs, k: int) -> list[dict]:
 def measure(path: Path, repeats: int, cpus: int) -> dict:
     import ray
 
-    from dtg_gpu.feature_cache import FeatureCache
+    from dtg_gpu.engine.cache import FeatureCache
     from dtg_gpu.sweeps import load_sweep
     from dtg_gpu.workflow import featurize_sweep
 

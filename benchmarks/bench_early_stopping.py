@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from dtg_gpu.early_stopping import many_run_records  # noqa: E402
+from dtg_gpu.early_stopping.rule import many_run_records  # noqa: E402
 from dtg_gpu.integrations.optuna import _STEP, DTGPruner  # noqa: E402
 from dtg_gpu.sweeps import load_sweep  # noqa: E402
 
@@ -217,7 +217,7 @@ def main() -> None:
     ap.add_argument(
         "--suite",
         action="store_true",
-        help="every sweep of dtg_gpu.sweep_config.SUITE under --root; the suite's methods; writes early_stopping_suite",
+        help="every sweep of dtg_gpu.sweeps.config.SUITE under --root; the suite's methods; writes early_stopping_suite",
     )
     ap.add_argument("--root", default=None, help="with --suite: folder with one trained sweep per preset (ROOT/NAME)")
     ap.add_argument("--orderings", type=int, default=20)
@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="add these sweeps to the saved results, keep the others")
     a = ap.parse_args()
     if a.suite:
-        from dtg_gpu.sweep_config import SUITE
+        from dtg_gpu.sweeps.config import SUITE
 
         if not a.root:
             ap.error("--suite needs --root ROOT (ROOT/NAME for each preset of the suite)")
@@ -475,7 +475,7 @@ def write_markdown(results: dict, path: Path, suite: bool = False) -> None:
         lines[2] = lines[2].replace(
             "`python benchmarks/bench_early_stopping.py SWEEP ...`",
             "`python benchmarks/bench_early_stopping.py --suite --root ROOT` (the eight sweeps of "
-            "`dtg_gpu.sweep_config.SUITE`, each trained with `dtg sweep --preset NAME`)",
+            "`dtg_gpu.sweeps.config.SUITE`, each trained with `dtg sweep --preset NAME`)",
         )
         lines += goals(results)
     for name, res in results["sweeps"].items():

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dtg_gpu.evaluation import evaluate
 from dtg_gpu.predictor import PerformancePredictor, label_runs
+from dtg_gpu.predictor.evaluation import evaluate
 from dtg_gpu.sweeps import PRESETS, SweepConfig, load_sweep, run_sweep
 from dtg_gpu.workflow import feature_sets, featurize_sweep
 

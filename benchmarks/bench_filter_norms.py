@@ -5,7 +5,7 @@ conv weight on this machine, each timed as the best of 15, in GB/s of the weight
 * ``vector_norm``: ``torch.linalg.vector_norm(w.view(-1, 9), dim=-1, out=...)`` (what
   ``dtg_gpu.graph.plain_filter_norms`` did until session 12, and still does off CPU);
 * ``native kernel (row_norms)``: ``dtg_gpu.graph.row_norms``, what ``plain_filter_norms`` does on
-  CPU: the compiled kernel of ``dtg_gpu._native`` (session 14) where it can be built;
+  CPU: the compiled kernel of ``dtg_gpu.graph.native`` (session 14) where it can be built;
 * ``cdist to the origin``: ``torch.cdist(w.view(-1, 9), zeros(1, 9))`` in its direct mode
   (``row_norms`` in sessions 12–13, and still where the compiled kernel is off or unavailable);
 * ``einsum``: ``torch.einsum("mk,mk->m", w, w)`` then ``sqrt``;
@@ -43,8 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dtg_gpu._native import native_status  # noqa: E402
 from dtg_gpu.graph import row_norms  # noqa: E402
+from dtg_gpu.graph.native import native_status  # noqa: E402
 
 
 def _best(f, reps: int = 15) -> float:
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
 
 def row_lengths() -> list[dict]:
     """``row_norms`` (the compiled kernel), ``cdist`` and ``vector_norm`` on ``[rows, k]``, as × a read."""
-    import dtg_gpu._native as native
+    import dtg_gpu.graph.native as native
 
     if native.native_status().startswith("native"):
         assert native.native_row_norms(torch.ones(1, 2), torch.empty(1))  # the row below is the kernel
@@ -233,7 +233,7 @@ def end_to_end() -> list[dict]:
     from bench_centrality import build_model
 
     import dtg_gpu
-    import dtg_gpu._engine as engine
+    import dtg_gpu.engine.solve as engine
     import dtg_gpu.graph as graph
 
     made, fast, min_graphs, native = (

@@ -27,7 +27,7 @@ from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 from dtg_gpu.early_stopping import peer_score
-from dtg_gpu.sweep_config import SUITE
+from dtg_gpu.sweeps.config import SUITE
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

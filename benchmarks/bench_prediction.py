@@ -34,9 +34,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dtg_gpu.evaluation import evaluate  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
+from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep  # noqa: E402
 from dtg_gpu.workflow import compare, featurize_sweep  # noqa: E402
 

@@ -47,12 +47,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_prediction import sweeps  # noqa: E402
 
-from dtg_gpu.baselines import tensor_statistics  # noqa: E402
-from dtg_gpu.evaluation import evaluate  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
+from dtg_gpu.features.baselines import tensor_statistics  # noqa: E402
+from dtg_gpu.features.statistics import timestep_statistics  # noqa: E402
 from dtg_gpu.graph import filter_norms  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
-from dtg_gpu.statistics import timestep_statistics  # noqa: E402
+from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
 from dtg_gpu.sweeps import load_sweep, run_sweep  # noqa: E402
 from dtg_gpu.workflow import feature_sets, featurize_sweep  # noqa: E402
 

@@ -25,9 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dtg_gpu.evaluation import evaluate  # noqa: E402
 from dtg_gpu.predictor import label_runs  # noqa: E402
-from dtg_gpu.sweep_config import SUITE  # noqa: E402
+from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
+from dtg_gpu.sweeps.config import SUITE  # noqa: E402
 
 
 def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
@@ -35,7 +35,7 @@ def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
     if cache.is_file():
         return dict(np.load(cache, allow_pickle=False))
     from dtg_gpu.analysis import covariate_matrix
-    from dtg_gpu.baselines import weight_statistics
+    from dtg_gpu.features.baselines import weight_statistics
     from dtg_gpu.sweeps import load_sweep
     from dtg_gpu.workflow import featurize_sweep
 

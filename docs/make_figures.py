@@ -24,7 +24,7 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dtg_gpu  # noqa: E402
-from dtg_gpu.statistics import STATISTICS  # noqa: E402
+from dtg_gpu.features.statistics import STATISTICS  # noqa: E402
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "img"

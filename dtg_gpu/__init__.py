@@ -8,53 +8,68 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dtg_gpu.exceptions import CheckpointError, ConvergenceWarning, DatasetNotFoundError, DisconnectedGraphWarning, DTGError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError, NonFiniteWeightsWarning, TopologyError, TracingFallbackWarning, UncoveredWeightsWarning, UnsafeCheckpointError
+from dtg_gpu.exceptions import (
+    CheckpointError,
+    ConvergenceWarning,
+    DatasetNotFoundError,
+    DisconnectedGraphWarning,
+    DTGError,
+    DTGWarning,
+    FailedRunsWarning,
+    InsufficientCheckpointsError,
+    NonFiniteWeightsWarning,
+    TopologyError,
+    TracingFallbackWarning,
+    UncoveredWeightsWarning,
+    UnsafeCheckpointError,
+)
 
 # The rest is imported when first used (PEP 562): `import dtg_gpu` and `dtg --help` do not
 # pay for torch until something needs it.
 _LAZY = {
-    "native_status": "._native",
-    "AnalysisResult": ".analysis",
-    "analyze": ".analysis",
-    "featurize": ".analysis",
-    "EigenResult": ".centrality",
-    "eigenvector_centrality": ".centrality",
-    "solve_perron": ".centrality",
-    "Run": ".checkpoints",
-    "load_state_dict": ".checkpoints",
-    "evaluate": ".evaluation",
-    "temporal_features": ".features",
-    "temporal_reinforcement": ".features",
-    "BlockOperator": ".graph",
-    "filter_norms": ".graph",
-    "PerformancePredictor": ".predictor",
-    "label_runs": ".predictor",
-    "split_runs": ".predictor",
-    "STATISTICS": ".statistics",
-    "timestep_statistics": ".statistics",
-    "ChannelTopology": ".topology",
-    "WeightLayer": ".topology",
-    "channel_topology": ".topology",
+    "native_status": "dtg_gpu.graph.native",
+    "AnalysisResult": "dtg_gpu.analysis",
+    "analyze": "dtg_gpu.analysis",
+    "featurize": "dtg_gpu.analysis",
+    "EigenResult": "dtg_gpu.centrality",
+    "eigenvector_centrality": "dtg_gpu.centrality",
+    "solve_perron": "dtg_gpu.centrality",
+    "Run": "dtg_gpu.io.checkpoints",
+    "load_state_dict": "dtg_gpu.io.checkpoints",
+    "evaluate": "dtg_gpu.predictor.evaluation",
+    "temporal_features": "dtg_gpu.features.temporal",
+    "temporal_reinforcement": "dtg_gpu.features.temporal",
+    "BlockOperator": "dtg_gpu.graph.operators",
+    "filter_norms": "dtg_gpu.graph.operators",
+    "PerformancePredictor": "dtg_gpu.predictor.estimator",
+    "label_runs": "dtg_gpu.predictor.estimator",
+    "split_runs": "dtg_gpu.predictor.estimator",
+    "STATISTICS": "dtg_gpu.features.statistics",
+    "timestep_statistics": "dtg_gpu.features.statistics",
+    "ChannelTopology": "dtg_gpu.topology.types",
+    "WeightLayer": "dtg_gpu.topology.types",
+    "channel_topology": "dtg_gpu.topology.trace",
 }
 
 if TYPE_CHECKING:
-    from dtg_gpu._native import native_status
     from dtg_gpu.analysis import AnalysisResult, analyze, featurize
     from dtg_gpu.centrality import EigenResult, eigenvector_centrality, solve_perron
-    from dtg_gpu.checkpoints import Run, load_state_dict
-    from dtg_gpu.evaluation import evaluate
-    from dtg_gpu.features import temporal_features, temporal_reinforcement
-    from dtg_gpu.graph import BlockOperator, filter_norms
-    from dtg_gpu.predictor import PerformancePredictor, label_runs, split_runs
-    from dtg_gpu.statistics import STATISTICS, timestep_statistics
-    from dtg_gpu.topology import ChannelTopology, WeightLayer, channel_topology
+    from dtg_gpu.features.statistics import STATISTICS, timestep_statistics
+    from dtg_gpu.features.temporal import temporal_features, temporal_reinforcement
+    from dtg_gpu.graph.native import native_status
+    from dtg_gpu.graph.operators import BlockOperator, filter_norms
+    from dtg_gpu.io.checkpoints import Run, load_state_dict
+    from dtg_gpu.predictor.estimator import PerformancePredictor, label_runs, split_runs
+    from dtg_gpu.predictor.evaluation import evaluate
+    from dtg_gpu.topology.trace import channel_topology
+    from dtg_gpu.topology.types import ChannelTopology, WeightLayer
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # once
         return value
     raise AttributeError(f"module 'dtg_gpu' has no attribute {name!r}")
@@ -64,7 +79,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__version__ = "0.1.0"
+from dtg_gpu.core.version import __version__  # noqa: E402
 
 __all__ = [
     "AnalysisResult",

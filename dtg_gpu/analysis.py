@@ -10,16 +10,19 @@ from typing import Any, Literal, overload
 
 import torch
 
-from dtg_gpu._engine import READ_ERRORS, SolvedGraphs, _check_dtype, load_blocks, parse_device, resolve_device, solve_timesteps
-from dtg_gpu._executors import SolveSettings, default_cache, featurize_runs
 from dtg_gpu.centrality import Method, attainable_tol, check_solver_args
-from dtg_gpu.checkpoints import Run
-from dtg_gpu.exceptions import CheckpointError, DTGWarning, FailedRunsWarning, InsufficientCheckpointsError
-from dtg_gpu.features import FeatureRecipe, check_alpha, feature_recipe, temporal_features
-from dtg_gpu.graph import to_networkx as _to_networkx
-from dtg_gpu.graph import to_pyg
-from dtg_gpu.statistics import STATISTICS, layer_node_groups, timestep_statistics
-from dtg_gpu.topology import ChannelTopology
+from dtg_gpu.core.devices import check_dtype, parse_device, resolve_device
+from dtg_gpu.core.failures import READ_ERRORS, unique_name, warn_failures
+from dtg_gpu.engine.executors import default_cache, featurize_runs
+from dtg_gpu.engine.solve import SolvedGraphs, load_blocks, solve_timesteps
+from dtg_gpu.engine.units import SolveSettings
+from dtg_gpu.exceptions import CheckpointError, DTGWarning, InsufficientCheckpointsError
+from dtg_gpu.features.statistics import STATISTICS, layer_node_groups, timestep_statistics
+from dtg_gpu.features.temporal import FeatureRecipe, check_alpha, feature_recipe, temporal_features
+from dtg_gpu.graph.operators import to_networkx as _to_networkx
+from dtg_gpu.graph.operators import to_pyg
+from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.topology.types import ChannelTopology
 
 __all__ = ["AnalysisResult", "analyze", "featurize"]
 
@@ -333,7 +336,7 @@ def featurize(
         left at `None` take its values.
     weight_stats : bool, optional
         **Baseline appended.** Mean, standard deviation and five quantiles of each weight
-        layer at the `k`-th checkpoint ([`weight_statistics`][dtg_gpu.baselines.weight_statistics]), after
+        layer at the `k`-th checkpoint ([`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]), after
         the temporal features and before the covariates.
     covariates : sequence of str, default ()
         **Option beyond the method.** Hyper-parameters of each run, read from its
@@ -405,20 +408,6 @@ def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[
     return pd.DataFrame(data)
 
 
-def warn_failures(failures: dict[str, str], stacklevel: int = 2) -> None:
-    """One [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning] naming every failed run (nothing when there is none)."""
-    if failures:
-        lines = "; ".join(f"{name}: {why}" for name, why in list(failures.items())[:8])
-        more = f" (and {len(failures) - 8} more)" if len(failures) > 8 else ""
-        warnings.warn(
-            FailedRunsWarning(
-                f"{len(failures)} run(s) could not be read or solved and were left out (NaN rows): {lines}{more}",
-                failures,
-            ),
-            stacklevel=stacklevel + 1,
-        )
-
-
 def featurize_with_failures(
     runs: Sequence[Run],
     *,
@@ -445,7 +434,7 @@ def featurize_with_failures(
     """[`featurize`][dtg_gpu.featurize]'s work: `(features, statistics, failures)` where `failures` maps
     the name of each run that could not be read or traced to the reason (its row is NaN).
 
-    `executor`, `address` and `cache` as in [`featurize_sweep`][dtg_gpu.workflow.featurize_sweep]
+    `executor`, `address` and `cache` as in [`featurize_sweep`][dtg_gpu.workflow.verdicts.featurize_sweep]
     (default here: no cache)."""
     recipe = feature_recipe(
         features, per_layer=per_layer, eigenvalue=eigenvalue, fold_batchnorm=fold_batchnorm, weight_stats=weight_stats
@@ -484,7 +473,7 @@ def featurize_with_failures(
     for i, reason in missing.items():
         if strict:
             raise ValueError(reason)
-        failures[_unique_name(runs[i], i, failures)] = reason
+        failures[unique_name(runs[i], i, failures)] = reason
         failed_rows.append(i)
     groups: dict[int, list[int]] = {}
     topos: dict[int, ChannelTopology] = {}
@@ -496,7 +485,7 @@ def featurize_with_failures(
         except READ_ERRORS as exc:
             if strict:
                 raise
-            failures[_unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
+            failures[unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
             failed_rows.append(i)
             continue
         groups.setdefault(id(topo), []).append(i)
@@ -509,7 +498,7 @@ def featurize_with_failures(
         )
     settings = SolveSettings(
         k=k,
-        dtype=_check_dtype(dtype),
+        dtype=check_dtype(dtype),
         tol=tol,
         max_iter=max_iter,
         method=method,
@@ -532,7 +521,7 @@ def featurize_with_failures(
         strict=strict,
     )
     for i in sorted(why):
-        failures[_unique_name(runs[i], i, failures)] = why[i]
+        failures[unique_name(runs[i], i, failures)] = why[i]
         failed_rows.append(i)
     if failed_rows:
         stats[failed_rows] = float("nan")
@@ -555,7 +544,7 @@ def featurize_with_failures(
 def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list[int], strict: bool) -> torch.Tensor:
     """Weight statistics of checkpoint `k` for every run (NaN rows for failed runs; a run
     that fails here is added to `failures`)."""
-    from dtg_gpu.baselines import weight_statistics
+    from dtg_gpu.features.baselines import weight_statistics
 
     rows: list[Any] = [None] * len(runs)
     for i, run in enumerate(runs):
@@ -566,7 +555,7 @@ def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list
         except READ_ERRORS as exc:
             if strict:
                 raise
-            failures[_unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
+            failures[unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
             failed_rows.append(i)
     widths = {len(r) for r in rows if r is not None}
     if len(widths) > 1:
@@ -631,8 +620,3 @@ def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.T
                 )
             )
     return out, missing
-
-
-def _unique_name(run: Run, i: int, taken: dict) -> str:
-    name = str(run.name)
-    return name if name not in taken else f"{name} (run {i})"

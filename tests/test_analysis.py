@@ -6,7 +6,7 @@ from conftest import GroupedNet, make_checkpoints
 
 import dtg_gpu
 from dtg_gpu import ConvergenceWarning, DisconnectedGraphWarning, NonFiniteWeightsWarning, Run, analyze
-from dtg_gpu.models import LeNet5, build_model
+from dtg_gpu.sweeps.models import LeNet5, build_model
 from dtg_gpu.testing.reference import reference_centrality, reference_graph
 
 MODELS = {
@@ -78,7 +78,7 @@ def test_pipeline_chunks_batch_large_graphs_and_stay_within_the_budget():
     end to end on CPU, float32); long runs still split in about four chunks; the memory
     budget wins over both floors; tiny graphs batch by edges (a LeNet-5 sweep: 1,920 graphs
     in four chunks)."""
-    from dtg_gpu._engine import MIN_CHUNK_GRAPHS, chunk_size_for, pipeline_chunk_size, plan_units
+    from dtg_gpu.engine.solve import MIN_CHUNK_GRAPHS, chunk_size_for, pipeline_chunk_size, plan_units
 
     vgg = build_model("vgg16")
     big = Run(model=vgg, checkpoints=[vgg.state_dict()]).topology
@@ -100,7 +100,7 @@ def test_per_layer_statistics_option_matches_scipy_per_layer():
     model = LeNet5()
     runs = [Run(model=model, checkpoints=make_checkpoints(model, t=2, seed=s), name=f"r{s}") for s in range(2)]
     kw = dict(device="cpu", dtype=torch.float64, tol=1e-12)
-    groups = dtg_gpu.statistics.layer_node_groups(runs[0].topology)
+    groups = dtg_gpu.features.statistics.layer_node_groups(runs[0].topology)
     assert [len(idx) for _, idx in groups] == [6, 16, 120, 84, 10]  # the 1-node input is left out
     X, st = dtg_gpu.featurize(
         runs, alpha=1.0, per_layer=True, eigenvalue=True, return_stats=True, features="spec", **kw

@@ -5,7 +5,8 @@ import torch
 from conftest import make_checkpoints
 
 from dtg_gpu import Run
-from dtg_gpu.baselines import (
+from dtg_gpu.exceptions import InsufficientCheckpointsError
+from dtg_gpu.features.baselines import (
     layer_eigenvalues,
     learning_curve,
     powerlaw_alpha,
@@ -13,8 +14,7 @@ from dtg_gpu.baselines import (
     spectral_alpha,
     weight_statistics,
 )
-from dtg_gpu.exceptions import InsufficientCheckpointsError
-from dtg_gpu.models import LeNet5
+from dtg_gpu.sweeps.models import LeNet5
 
 
 def _runs(n=3, t=3):

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from dtg_gpu import CheckpointError, Run, UnsafeCheckpointError, analyze, load_state_dict
-from dtg_gpu.models import LeNet5
+from dtg_gpu.sweeps.models import LeNet5
 
 
 class _Evil:
@@ -129,7 +129,7 @@ def test_from_dir_reads_run_json(tmp_path):
 def test_safetensors_read_whole_or_mapped_give_the_same_tensors(tmp_path, monkeypatch, size):
     """Files up to SMALL_SAFETENSORS are read in one go, larger ones mapped: same tensors,
     same key selection, same error naming a truncated file, either way."""
-    import dtg_gpu.checkpoints as ck
+    import dtg_gpu.io as ck
 
     if size == "large":
         monkeypatch.setattr(ck, "SMALL_SAFETENSORS", 0)

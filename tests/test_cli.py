@@ -10,9 +10,9 @@ import torch
 import dtg_gpu
 from dtg_gpu import channel_topology
 from dtg_gpu.cli.main import SUBCOMMANDS, main
-from dtg_gpu.evaluation import METRICS
-from dtg_gpu.models import build_model
+from dtg_gpu.predictor.evaluation import METRICS
 from dtg_gpu.sweeps import SweepConfig, run_sweep
+from dtg_gpu.sweeps.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

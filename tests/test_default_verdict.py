@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dtg_gpu
-from dtg_gpu.baselines import weight_statistics
 from dtg_gpu.features import FEATURE_RECIPES, FeatureRecipe, feature_recipe, temporal_features
+from dtg_gpu.features.baselines import weight_statistics
 from dtg_gpu.predictor import PerformancePredictor
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 
@@ -142,7 +142,7 @@ def test_featurize_marks_its_feature_sets_and_the_default_gives_each_a_model(bn_
 
 
 def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
-    from dtg_gpu.evaluation import evaluate
+    from dtg_gpu.predictor.evaluation import evaluate
 
     rng = np.random.default_rng(0)
     X = torch.as_tensor(rng.normal(size=(40, 6)))

@@ -19,10 +19,10 @@ ray = pytest.importorskip("ray")
 
 from ray_helpers import BrokenRun, slow  # noqa: E402
 
-from dtg_gpu import _executors as executors  # noqa: E402
 from dtg_gpu.cli.main import main  # noqa: E402
+from dtg_gpu.engine import executors  # noqa: E402
+from dtg_gpu.engine.cache import CACHE_DIRNAME  # noqa: E402
 from dtg_gpu.exceptions import DTGWarning, FailedRunsWarning  # noqa: E402
-from dtg_gpu.feature_cache import CACHE_DIRNAME  # noqa: E402
 from dtg_gpu.sweeps import SweepConfig, SweepRuns, load_sweep, run_sweep  # noqa: E402
 from dtg_gpu.workflow import featurize_sweep  # noqa: E402
 
@@ -187,7 +187,7 @@ def test_runs_held_in_memory_are_refused_with_their_name(local_ray):
     from conftest import make_checkpoints
 
     from dtg_gpu import Run
-    from dtg_gpu.models import build_model
+    from dtg_gpu.sweeps.models import build_model
 
     net = build_model("lenet5", num_classes=10, in_channels=1)
     run = Run(model=net, checkpoints=make_checkpoints(net, t=2), name="in-ram")
@@ -284,7 +284,8 @@ def test_sweep_on_ray_trains_every_run_and_a_rerun_skips_finished_ones(local_ray
 def test_without_ray_installed_the_cli_says_how_to_get_it(copy_of, tmp_path, monkeypatch, capsys):
     path = copy_of()
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    monkeypatch.delitem(sys.modules, "dtg_gpu.integrations.ray_cluster", raising=False)
+    for name in ("dtg_gpu.core.ray", "dtg_gpu.engine.ray_executor", "dtg_gpu.sweeps.ray_training"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     assert main(["featurize", str(path), "--out", str(tmp_path / "f.csv"), "--ray", "--no-cache"]) == 1
     assert "pip install 'dtg_gpu[ray]'" in capsys.readouterr().err
     assert not (tmp_path / "f.csv").exists()
@@ -296,8 +297,8 @@ def test_cache_sees_a_rewritten_file_inside_a_hugging_face_checkpoint_folder(tmp
     from safetensors.torch import save_file
 
     from dtg_gpu import Run
-    from dtg_gpu.feature_cache import unit_key
-    from dtg_gpu.models import LeNet5
+    from dtg_gpu.engine.cache import unit_key
+    from dtg_gpu.sweeps.models import LeNet5
 
     net = LeNet5()
     for n in (1, 2):

@@ -13,12 +13,12 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 import dtg_gpu
 from dtg_gpu.analysis import covariate_matrix
-from dtg_gpu.checkpoints import Run
 from dtg_gpu.cli.main import main
 from dtg_gpu.exceptions import FailedRunsWarning
-from dtg_gpu.models import build_model
+from dtg_gpu.io import Run
 from dtg_gpu.predictor import PerformancePredictor
 from dtg_gpu.sweeps import PRESETS, SweepConfig, load_sweep, run_sweep
+from dtg_gpu.sweeps.models import build_model
 
 
 # ------------------------------------------------------------------ sweeps: weight decay, presets
@@ -48,7 +48,7 @@ def test_weight_decay_grouped_trains_like_one_run_at_a_time(tmp_path):
 
 
 def test_cosine_schedule_grouped_trains_like_one_run_at_a_time(tmp_path):
-    from dtg_gpu.sweeps import _lr_factor
+    from dtg_gpu.sweeps.training import _lr_factor
 
     cfg = SweepConfig(model="lenet5", lrs=(0.05, 0.02), dropouts=(0.0,), epochs=3, lr_schedule="cosine")
     assert [round(_lr_factor(cfg, e), 6) for e in (1, 2, 3)] == [1.0, 0.75, 0.25]

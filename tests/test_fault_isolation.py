@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 import dtg_gpu
 from dtg_gpu import CheckpointError, FailedRunsWarning
 from dtg_gpu.cli.main import main
-from dtg_gpu.demo import demo_config, run_demo
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 from dtg_gpu.workflow import compare, featurize_sweep
+from dtg_gpu.workflow.demo import demo_config, run_demo
 
 CFG = SweepConfig(
     model="lenet5",
@@ -163,7 +163,7 @@ def test_demo_finishes_on_a_sweep_with_bad_runs(tmp_path, monkeypatch):
     tamper(out / "sweep")
     # the report's side: the runs stay bad (a resumed sweep would retrain two of them,
     # tested in test_resumed_sweep_retrains_damaged_runs_and_keeps_foreign_ones)
-    monkeypatch.setattr("dtg_gpu.demo.run_sweep", lambda *a, **k: out / "sweep")
+    monkeypatch.setattr("dtg_gpu.workflow.demo.run_sweep", lambda *a, **k: out / "sweep")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dtg_gpu.DTGWarning)
         results = run_demo(out, quick=True, device="cpu", progress=False, repeats=2, echo=lambda *a: None)

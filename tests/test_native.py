@@ -1,4 +1,4 @@
-"""The compiled row-norm kernel (dtg_gpu._native): numbers against float64 references, the
+"""The compiled row-norm kernel (dtg_gpu.graph.native): numbers against float64 references, the
 same bits for a row wherever it sits and however the rows are split, and every fallback
 (switched off, no compiler, a failed compile, a corrupt or foreign cache) keeps the answer."""
 
@@ -13,7 +13,7 @@ import stat
 import pytest
 import torch
 
-import dtg_gpu._native as native
+import dtg_gpu.graph.native as native
 from dtg_gpu.graph import filter_norms, row_norms
 from dtg_gpu.topology import channel_topology
 

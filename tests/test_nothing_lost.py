@@ -108,7 +108,7 @@ def test_a_flipped_bit_fails_the_recorded_hash_on_resume(tmp_path):
 
 # ------------------------------------------------------------------ 2, 11. what --out is
 def test_out_through_a_symlink_updates_the_target_and_keeps_the_link(tmp_path):
-    from dtg_gpu._files import atomic_write
+    from dtg_gpu.core.files import atomic_write
 
     real = tmp_path / "real" / "features.csv"
     real.parent.mkdir()
@@ -126,7 +126,7 @@ def test_out_through_a_symlink_updates_the_target_and_keeps_the_link(tmp_path):
 def test_out_to_a_fifo_is_written_in_place(tmp_path):
     import threading
 
-    from dtg_gpu._files import atomic_write
+    from dtg_gpu.core.files import atomic_write
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -141,7 +141,7 @@ def test_out_to_a_fifo_is_written_in_place(tmp_path):
 def test_out_to_a_character_device_is_written_not_replaced(tmp_path):
     import stat
 
-    from dtg_gpu._files import atomic_write
+    from dtg_gpu.core.files import atomic_write
 
     null = tmp_path / "null"
     try:
@@ -153,8 +153,8 @@ def test_out_to_a_character_device_is_written_not_replaced(tmp_path):
 
 
 def test_out_that_cannot_be_written_fails_before_the_work(tmp_path, capsys):
-    from dtg_gpu._files import atomic_write, check_target
     from dtg_gpu.cli.main import main
+    from dtg_gpu.core.files import atomic_write, check_target
 
     with pytest.raises(IsADirectoryError, match="is a folder"):
         atomic_write(tmp_path, "x")
@@ -305,7 +305,7 @@ def test_watch_refuses_a_predictor_of_another_architecture(small_sweep, tmp_path
 
 
 def test_watch_sees_a_run_restarted_into_its_folder(small_sweep, tmp_path):
-    from dtg_gpu.watch import SweepWatcher
+    from dtg_gpu.workflow.watch import SweepWatcher
 
     live = _live(small_sweep, tmp_path)
     w = SweepWatcher(live)
@@ -321,7 +321,7 @@ def test_watch_sees_a_run_restarted_into_its_folder(small_sweep, tmp_path):
 
 
 def test_watch_judges_from_readable_checkpoints_when_the_newest_is_half_written(small_sweep, tmp_path):
-    from dtg_gpu.watch import SweepWatcher
+    from dtg_gpu.workflow.watch import SweepWatcher
 
     live = _live(small_sweep, tmp_path)
     full = (live / "run-0001" / "ckpt-0002.safetensors").read_bytes()
@@ -401,7 +401,7 @@ def test_ray_at_a_dead_address_fails_within_seconds_naming_it():
     import time
 
     pytest.importorskip("ray")
-    from dtg_gpu.integrations.ray_cluster import check_reachable
+    from dtg_gpu.core.ray import check_reachable
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -482,7 +482,7 @@ def test_a_meta_tensor_in_a_checkpoint_is_a_checkpoint_error(tmp_path):
 def test_watch_solves_every_runs_new_checkpoints_in_batches(small_sweep, tmp_path, monkeypatch):
     from dtg_gpu import analysis
     from dtg_gpu.early_stopping import StoppingRule, run_records
-    from dtg_gpu.watch import SweepWatcher
+    from dtg_gpu.workflow.watch import SweepWatcher
 
     live = _live(small_sweep, tmp_path)
     calls = []

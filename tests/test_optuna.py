@@ -16,6 +16,7 @@ optuna = pytest.importorskip("optuna")
 
 import dtg_gpu  # noqa: E402
 from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, feature_vector, peer_score  # noqa: E402
+from dtg_gpu.features.statistics import timestep_statistics  # noqa: E402
 from dtg_gpu.integrations.optuna import (  # noqa: E402
     DTGPruner,
     checkpoint_folder,
@@ -24,7 +25,6 @@ from dtg_gpu.integrations.optuna import (  # noqa: E402
     trial_records,
     trial_run,
 )
-from dtg_gpu.statistics import timestep_statistics  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 HERE = Path(__file__).parent
@@ -287,7 +287,7 @@ def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tm
     best = study.best_trial
     assert best.state == optuna.trial.TrialState.COMPLETE and len(trial_records(best)[0]) == 4
     assert best.params["lr"] in (0.02, 0.03, 0.05, 0.1)
-    from dtg_gpu.models import LeNet5
+    from dtg_gpu.sweeps.models import LeNet5
 
     res = dtg_gpu.analyze(trial_run(study, best, LeNet5()))
     assert res.converged.all()

@@ -65,8 +65,8 @@ def test_every_public_name_exists_and_is_documented():
 
 
 def test_private_modules_stay_private():
-    import dtg_gpu._files
-    import dtg_gpu._shape_trace
+    import dtg_gpu.core.files
+    import dtg_gpu.topology.shape_pass
 
     assert not any(n.startswith("_") and n != "__version__" for n in dtg_gpu.__all__)
-    assert dtg_gpu._shape_trace.__all__ == ["trace_with_shapes"] and dtg_gpu._files.__all__
+    assert dtg_gpu.topology.shape_pass.__all__ == ["trace_with_shapes"] and dtg_gpu.core.files.__all__

@@ -21,7 +21,7 @@ from torch import nn
 import dtg_gpu
 from dtg_gpu import Run, analyze, eigenvector_centrality
 from dtg_gpu.centrality import attainable_tol
-from dtg_gpu.models import LeNet5
+from dtg_gpu.sweeps.models import LeNet5
 from dtg_gpu.testing.reference import reference_adjacency
 
 SETTINGS = settings(
@@ -297,7 +297,7 @@ def test_a_residual_at_the_rounding_floor_stops_early_and_is_flagged(monkeypatch
 def test_a_huge_weight_in_a_large_layer_is_exact():
     """Layers above SMALL_LAYER take their norms checkpoint by checkpoint, with one range check
     per layer; an out-of-range norm sends the whole layer through the safe path."""
-    from dtg_gpu._engine import SMALL_LAYER
+    from dtg_gpu.engine.solve import SMALL_LAYER
 
     torch.manual_seed(0)
     model = nn.Sequential(

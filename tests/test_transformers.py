@@ -219,7 +219,7 @@ def _small_models():
     from conftest import GroupedNet
     from torchvision.models import resnet18, shufflenet_v2_x0_5
 
-    from dtg_gpu.models import LeNet5
+    from dtg_gpu.sweeps.models import LeNet5
 
     return {
         "lenet5": LeNet5,
@@ -236,8 +236,8 @@ def _small_models():
 def test_the_shape_tracer_agrees_with_the_symbolic_one(name):
     """Two independent ways of following channels (symbols with the channel at dim 1; id
     tensors through a real forward pass) give the same graph wherever both apply."""
-    from dtg_gpu._shape_trace import trace_with_shapes
-    from dtg_gpu.topology import _trace
+    from dtg_gpu.topology.fx_pass import _trace
+    from dtg_gpu.topology.shape_pass import trace_with_shapes
 
     net = _small_models()[name]()
     assert _trace(net).signature() == trace_with_shapes(net).signature()

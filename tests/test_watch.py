@@ -10,7 +10,7 @@ import pytest
 from dtg_gpu.cli.main import main
 from dtg_gpu.early_stopping import StoppingRule
 from dtg_gpu.sweeps import SweepConfig, run_sweep
-from dtg_gpu.watch import SweepWatcher
+from dtg_gpu.workflow.watch import SweepWatcher
 
 # 3 learning rates that train (0.05, 0.03, 0.02) and 3 that barely move (1e-5, 2e-5, 3e-5), 2 seeds
 CFG = SweepConfig(

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dtg_gpu.sweep_config import LR_SCHEDULES, OPTIMIZERS, PRESETS
+from dtg_gpu.sweeps.config import LR_SCHEDULES, OPTIMIZERS, PRESETS
 
 
 def _device(p: argparse.ArgumentParser) -> None:
@@ -116,7 +116,7 @@ def _executor(a) -> dict:
 
 
 def _load_sweep(a):
-    from dtg_gpu.sweeps import load_sweep
+    from dtg_gpu.sweeps.loading import load_sweep
 
     return load_sweep(a.sweep, strict=a.strict, model=_build_user_model(a), prefix=a.prefix, pattern=a.pattern)
 
@@ -124,10 +124,11 @@ def _load_sweep(a):
 def _sweep_features(a, runs):
     """Featurise `runs` with the command's flags: `(X, statistic names, k, usable)`;
     `usable[i]` is False for a run that could not be read or solved (its row is NaN)."""
-    from dtg_gpu.analysis import featurize_with_failures, warn_failures
+    from dtg_gpu.analysis import featurize_with_failures
+    from dtg_gpu.core.failures import warn_failures
     from dtg_gpu.exceptions import TopologyError
-    from dtg_gpu.features import feature_recipe
-    from dtg_gpu.layout import StatisticsLayout
+    from dtg_gpu.features.layout import StatisticsLayout
+    from dtg_gpu.features.temporal import feature_recipe
 
     recipe = _recipe(a)
     X, _, failures = featurize_with_failures(
@@ -154,7 +155,7 @@ def _sweep_features(a, runs):
 
 def _recipe(a):
     """The feature recipe of the command's flags: `--spec` or the default, with overrides."""
-    from dtg_gpu.features import feature_recipe
+    from dtg_gpu.features.temporal import feature_recipe
 
     return feature_recipe(
         "spec" if getattr(a, "spec", False) else "default",
@@ -260,7 +261,8 @@ def _width_kwargs(model: str, width: float | None) -> dict:
 
 
 def _sweep_run(a) -> int:
-    from dtg_gpu.sweeps import SweepConfig, run_sweep
+    from dtg_gpu.sweeps.config import SweepConfig
+    from dtg_gpu.sweeps.runner import run_sweep
 
     base = SweepConfig.preset(a.preset) if a.preset else SweepConfig()
     given = {
@@ -390,7 +392,7 @@ def _analyze_run(a) -> int:
     import torch
 
     from dtg_gpu.analysis import analyze
-    from dtg_gpu.checkpoints import Run
+    from dtg_gpu.io.checkpoints import Run
 
     run = Run.from_dir(a.run, model=_build_user_model(a), prefix=a.prefix, pattern=a.pattern)
     run.fallback = a.registration_order
@@ -447,7 +449,7 @@ def _featurize_args(p):
 def _featurize_run(a) -> int:
     import pandas as pd
 
-    from dtg_gpu._files import atomic_write
+    from dtg_gpu.core.files import atomic_write
 
     _writable(a.out)
 
@@ -513,7 +515,7 @@ def _scaling(p):
 def _classifier(a):
     """The predictor of the command's flags: the default, or the seed's MLP with `--spec`;
     `--scaling`, `--select`, `--auto` and `--epochs` override."""
-    from dtg_gpu.predictor import PerformancePredictor
+    from dtg_gpu.predictor.estimator import PerformancePredictor
 
     clf = PerformancePredictor.spec() if getattr(a, "spec", False) else PerformancePredictor()
     changes = {"select": a.select, "auto": a.auto}
@@ -537,7 +539,7 @@ def _positive_int(text: str) -> int:
 def _writable(out: str) -> None:
     """Fail before any work when `--out` cannot be written (no such folder, a folder, an
     empty name, a special file, a name too long)."""
-    from dtg_gpu._files import check_target
+    from dtg_gpu.core.files import check_target
 
     check_target(out, what="--out")
 
@@ -557,7 +559,7 @@ def _threshold(text: str):
 
 
 def _train_run(a) -> int:
-    from dtg_gpu.predictor import architecture_signature, label_runs
+    from dtg_gpu.predictor.estimator import architecture_signature, label_runs
 
     _writable(a.out)
 
@@ -610,9 +612,9 @@ def _predict_args(p):
 
 
 def _predict_run(a) -> int:
-    from dtg_gpu._engine import READ_ERRORS
-    from dtg_gpu.checkpoints import Run
-    from dtg_gpu.predictor import PerformancePredictor
+    from dtg_gpu.core.failures import READ_ERRORS
+    from dtg_gpu.io.checkpoints import Run
+    from dtg_gpu.predictor.estimator import PerformancePredictor
 
     clf = PerformancePredictor.load(a.predictor)
     runs, bad = [], {}
@@ -670,10 +672,10 @@ def _evaluate_args(p):
 
 
 def _evaluate_run(a) -> int:
-    from dtg_gpu.evaluation import METRICS
-    from dtg_gpu.predictor import PerformancePredictor
-    from dtg_gpu.report import results_table
-    from dtg_gpu.workflow import FEATURE_SETS, compare, featurize_sweep
+    from dtg_gpu.predictor.estimator import PerformancePredictor
+    from dtg_gpu.predictor.evaluation import METRICS
+    from dtg_gpu.workflow.report import results_table
+    from dtg_gpu.workflow.verdicts import FEATURE_SETS, compare, featurize_sweep
 
     unknown = [f for f in a.features if f not in FEATURE_SETS]
     if unknown:
@@ -707,8 +709,8 @@ def _evaluate_run(a) -> int:
     )
     if a.report:
         from dtg_gpu.analysis import analyze
-        from dtg_gpu.report import write_report
-        from dtg_gpu.workflow import run_verdicts
+        from dtg_gpu.workflow.report import write_report
+        from dtg_gpu.workflow.verdicts import run_verdicts
 
         usable = [r for r, ok in zip(sf.runs, sf.usable) if ok]
         example = analyze(usable[len(usable) // 2], device=a.device) if usable else None
@@ -769,7 +771,7 @@ def _env_run(a) -> int:
     import torch
     import torch_geometric
 
-    from dtg_gpu import __version__
+    from dtg_gpu.core.version import __version__
 
     print(f"dtg_gpu         {__version__}")
     print(f"python          {platform.python_version()} ({platform.platform()})")
@@ -803,7 +805,7 @@ def _demo_args(p):
 
 
 def _demo_run(a) -> int:
-    from dtg_gpu.demo import run_demo
+    from dtg_gpu.workflow.demo import run_demo
 
     run_demo(a.out, quick=a.quick, device=a.device, progress=not a.quiet, strict=a.strict)
     return 0
@@ -856,9 +858,9 @@ def _watch_args(p):
 
 
 def _watch_run(a) -> int:
-    from dtg_gpu.early_stopping import StoppingRule
-    from dtg_gpu.predictor import PerformancePredictor
-    from dtg_gpu.watch import SweepWatcher, check_interval
+    from dtg_gpu.early_stopping.rule import StoppingRule
+    from dtg_gpu.predictor.estimator import PerformancePredictor
+    from dtg_gpu.workflow.watch import SweepWatcher, check_interval
 
     check_interval(a.interval, "--interval")
     clf = PerformancePredictor.load(a.predictor) if a.predictor else None

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  dtg watch NEW_SWEEP --predictor p.safetensors # stop/continue while it trains (advice: you act)\n"
         "every command has --help; --spec runs the seed's method exactly",
     )
-    from dtg_gpu import __version__
+    from dtg_gpu.core.version import __version__
 
     parser.add_argument("--version", action="version", version=f"dtg_gpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

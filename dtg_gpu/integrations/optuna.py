@@ -21,7 +21,7 @@ In the objective, call [`report`][dtg_gpu.integrations.optuna.report] where you 
 [`report`][dtg_gpu.integrations.optuna.report] saves the model's weights as the trial's checkpoint at `step`
 (safetensors, written atomically to `<storage file>.dtg/<study>/trial-<number>/`, beside a
 SQLite or Journal-file storage; in memory for an in-memory study), stores the checkpoint's
-[`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record] in the trial's system attributes
+[`checkpoint_record`][dtg_gpu.early_stopping.rule.checkpoint_record] in the trial's system attributes
 (`dtg:step:<step>`) and calls `trial.report(value, step)` when a value is given. The pruner
 reads only what the trials stored, so several worker processes on one RDB or Journal storage
 see the same thing, and a study resumed on the same storage makes the same decisions (each
@@ -48,7 +48,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
-from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
+from dtg_gpu.early_stopping.rule import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records", "trial_run"]
 
@@ -172,7 +172,7 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
     else:
         from safetensors.torch import save_file
 
-        from dtg_gpu._files import atomic_write
+        from dtg_gpu.core.files import atomic_write
 
         where = folder / f"trial-{trial.number:06d}"
         where.mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ def trial_records(trial) -> tuple[list[int], list[dict]]:
 def trial_run(study, trial, model: torch.nn.Module):
     """The trial's recorded checkpoints as a [`Run`][dtg_gpu.Run], to analyse
     with the rest of the library (`dtg_gpu.analyze(trial_run(study, t, model))`)."""
-    from dtg_gpu.checkpoints import Run
+    from dtg_gpu.io.checkpoints import Run
 
     steps, _ = trial_records(trial)
     folder = checkpoint_folder(study)
@@ -222,7 +222,7 @@ class DTGPruner(optuna.pruners.BasePruner):
     checkpoint records so far (see [`report`][dtg_gpu.integrations.optuna.report]) give $P(\text{sufficient})$, from
     `predictor` or learned online from the study's completed trials; the trial is pruned
     when it stays below `min_probability` for `patience` consecutive checks, or at once
-    when its weights are no longer finite. See [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule].
+    when its weights are no longer finite. See [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule].
 
     Parameters
     ----------
@@ -239,17 +239,17 @@ class DTGPruner(optuna.pruners.BasePruner):
         study's direction is respected.
     features : str, default "dtg_per_layer"
         One of `FEATURE_SETS`; see
-        [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule] for why per-layer statistics are the default.
+        [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule] for why per-layer statistics are the default.
     use_values : bool or "auto", default "auto"
         Also learn from the values reported with [`report`][dtg_gpu.integrations.optuna.report] when every trial has them
         (`False`: data-free).
     alpha : float, default 0.5
     fold_batchnorm : bool, default False
         Judge from the graph with batch norm folded into the layer before it (see
-        [`StoppingRule`][dtg_gpu.early_stopping.StoppingRule]); no effect on a network without batch norm.
+        [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule]); no effect on a network without batch norm.
     warm_start : bool, default True
         Before enough trials have completed, prune a trial that stays behind the others at
-        the same step ([`peer_score`][dtg_gpu.early_stopping.peer_score], and the reported value
+        the same step ([`peer_score`][dtg_gpu.early_stopping.rule.peer_score], and the reported value
         when there is one), as `MedianPruner` does with values.
     n_peers : int, default 5
         Trials at the same step needed for that comparison.

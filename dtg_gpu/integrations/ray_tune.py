@@ -17,8 +17,8 @@ The trainable reports a checkpoint with each result, as Tune users do already::
 At each result that carries a checkpoint (`checkpoint_dir_name`), the scheduler reads the
 weights file in it (`*.safetensors` preferred, else `*.pt`/`*.pth`/`*.bin`/`*.ckpt`,
 read with `weights_only=True`), summarises it with
-[`checkpoint_record`][dtg_gpu.early_stopping.checkpoint_record] and applies the same
-[`StoppingRule`][dtg_gpu.early_stopping.StoppingRule] as the Optuna pruner: learn online from the trials
+[`checkpoint_record`][dtg_gpu.early_stopping.rule.checkpoint_record] and applies the same
+[`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule] as the Optuna pruner: learn online from the trials
 that finished, `STOP` a trial whose $P(\text{sufficient})$ stays below
 `min_probability` for `patience` results. `metric`/`mode` is the final value that labels
 finished trials (and, with `use_values`, one more feature).
@@ -49,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
 
-from dtg_gpu.early_stopping import StoppingRule, checkpoint_record, is_diverged, rule_params
+from dtg_gpu.early_stopping.rule import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
 
@@ -65,9 +65,9 @@ def checkpoint_weights(folder: str | os.PathLike, name: str | None = None) -> di
     CheckpointError
         No weights file, several candidates and no `name`, or an unreadable file.
     """
-    from dtg_gpu._files import confined_path
-    from dtg_gpu.checkpoints import CHECKPOINT_SUFFIXES, load_state_dict
+    from dtg_gpu.core.files import confined_path
     from dtg_gpu.exceptions import CheckpointError
+    from dtg_gpu.io.checkpoints import CHECKPOINT_SUFFIXES, load_state_dict
 
     folder = Path(folder)
     if name is not None:
@@ -162,7 +162,7 @@ def _trial_folder(trial) -> Path | None:
 def _mark_stopped(folder: Path | None, trial_id: str) -> None:
     if folder is None or not folder.is_dir():
         return
-    from dtg_gpu._files import atomic_write
+    from dtg_gpu.core.files import atomic_write
 
     try:
         atomic_write(folder / _MARKER, json.dumps({"trial_id": trial_id, "stopped_by": "dtg_gpu"}))

@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from dtg_gpu.topology import ChannelTopology
+from dtg_gpu.topology.types import ChannelTopology
 
 __all__ = ["reference_adjacency", "reference_graph", "reference_centrality"]
 

@@ -1,0 +1,410 @@
+r"""The batched engine: (run, timestep) pairs → filter norms → Perron vectors, in chunks.
+
+Graphs of one architecture are solved together, `[runs·T, …]` at a time, in chunks
+sized to a memory budget; the next chunk's checkpoints are read in a background thread
+while the current chunk is solved, so reading files overlaps with compute.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from dtg_gpu.centrality import Method, solve_perron
+from dtg_gpu.core.devices import check_dtype
+from dtg_gpu.core.failures import READ_ERRORS
+from dtg_gpu.exceptions import (
+    ConvergenceWarning,
+    DisconnectedGraphWarning,
+    NonFiniteWeightsWarning,
+)
+from dtg_gpu.graph.operators import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
+from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.topology.types import ChannelTopology
+
+__all__ = [
+    "GraphBatchResult",
+    "GraphBlocks",
+    "Unit",
+    "plan_units",
+    "iter_solve",
+    "solve_timesteps",
+    "scaled_blocks",
+    "load_blocks",
+]
+
+DEFAULT_BUDGET_BYTES = 1 << 30
+SMALL_LAYER = 1 << 16  # weights: layers up to this size are stacked before taking norms
+LANCZOS_VECTORS = 32  # solve_perron's ncv: the Lanczos vectors a graph holds
+MIN_CHUNK_EDGES = 5_000_000  # a chunk of small graphs: batching them is what makes them fast
+MIN_CHUNK_GRAPHS = 10  # a chunk of large graphs: a solve's fixed cost is per layer, not per graph
+
+
+@dataclass
+class SolvedGraphs:
+    """Per graph (`[G]` rows, in the order asked): the centrality and its flags. The fields
+    every solved batch has, here and in [`AnalysisResult`][dtg_gpu.AnalysisResult]."""
+
+    centrality: torch.Tensor  # [G, N]
+    eigenvalue: torch.Tensor  # [G]
+    residual: torch.Tensor  # [G]
+    iterations: torch.Tensor  # [G] long
+    converged: torch.Tensor  # [G] bool
+    finite: torch.Tensor  # [G] bool: weights were all finite
+    connected: torch.Tensor  # [G] bool: positive-weight graph is connected (Perron vector unique)
+
+    def solved_fields(self) -> dict[str, torch.Tensor]:
+        """The shared fields, by name (to build another result from this one)."""
+        return {f.name: getattr(self, f.name) for f in fields(SolvedGraphs)}
+
+
+@dataclass
+class GraphBatchResult(SolvedGraphs):
+    """A solved batch, with why each unreadable checkpoint could not be read."""
+
+    error: list  # [G] str | None: why the checkpoint could not be read (row is NaN)
+
+
+class GraphBlocks(NamedTuple):
+    """Filter-norm blocks of `G` graphs, each divided by its own power-of-two scale.
+
+    Attributes
+    ----------
+    blocks : list of Tensor `[G, out, C/groups]`
+        Per layer, in the compute dtype; graph `g`'s largest edge weight lies in
+        `[0.5, 1)` (zero for an all-zero graph and for non-finite checkpoints).
+    finite : BoolTensor `[G]`
+        Every weight of the checkpoint was finite.
+    scale : Tensor `[G]` (float64)
+        `2^e`: graph `g`'s edge weights are `blocks[l][g] · scale[g]` exactly.
+    """
+
+    blocks: list
+    finite: torch.Tensor
+    scale: torch.Tensor
+
+
+def _widen(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Weights on `device` in float32, or float64 when either they or `dtype` are: norms
+    of float16/bfloat16 are never taken in their own narrow range, and float64 weights are
+    not squeezed into float32 before they are scaled. Detached: parameters that require
+    grad (`dict(model.named_parameters())` as a checkpoint) give plain results."""
+    wide = torch.float64 if torch.float64 in (t.dtype, dtype) else torch.float32
+    return t.detach().to(device=device, non_blocking=True).to(wide)
+
+
+def scaled_blocks(
+    topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype
+) -> GraphBlocks:
+    r"""Filter-norm blocks of `G` checkpoints, scaled per graph so no product can overflow.
+
+    Eigenvector centrality does not depend on the scale of the weights: `cA` has the
+    eigenvectors of `A`. Each graph is divided by `2^e`, the power of two just above its
+    largest edge weight (exact: only the exponent changes), so that a float32 solve sees
+    entries in `[0, 1)` whatever the checkpoint holds, from diverged runs (`|w| ≈ 1e17`
+    and beyond) to vanishing ones (`1e-20`). The norms themselves are taken without
+    overflow or underflow (`wide_filter_norms`) and in float64 where
+    they leave the compute dtype's range, then scaled, then cast.
+
+    Blocks of a checkpoint with any NaN/Inf weight are zeroed so that they cannot leak into
+    the other graphs of the batch.
+
+    `solve_timesteps` calls this in a background thread for the next chunk. The norms
+    are taken checkpoint by checkpoint as the weights arrive (they come from
+    separate files anyway) and only the blocks are stacked: stacking the raw weights first
+    costs a copy of every weight (and as much memory again). Layers of
+    at most `SMALL_LAYER` weights are stacked first instead: for them the cost is per
+    operation, not per byte (LeNet-5: 1,920 checkpoints × 5 layers of tiny norms).
+    """
+    g_count = len(weights)
+    blocks: list[torch.Tensor] = []
+    for layer in topology.layers:
+        b: torch.Tensor | None
+        if int(np.prod(layer.weight_shape)) <= SMALL_LAYER:  # few big ops beat many tiny ones
+            b = wide_filter_norms(torch.stack([_widen(ws[layer.param], device, dtype) for ws in weights]), layer)
+        else:  # norms written in place, checkpoint by checkpoint: no stacked copy of weights or blocks
+            b = None
+            for g, ws in enumerate(weights):  # plain norms; one range check (one sync) per layer
+                w = _widen(ws[layer.param], device, dtype)  # one checkpoint widened at a time
+                if b is None:
+                    b = torch.empty((g_count,) + layer.block_shape, dtype=w.dtype, device=device)
+                plain_filter_norms(w[None], layer, out=b[g : g + 1])
+            assert b is not None  # weights holds at least one checkpoint
+            if not norms_in_range(b):  # rare: overflow/underflow hazard, redo the layer safely
+                b = torch.cat(
+                    [
+                        wide_filter_norms(_widen(ws[layer.param], device, dtype)[None], layer).to(torch.float64)
+                        for ws in weights
+                    ]
+                )
+        blocks.append(b)
+    peak = torch.stack([b.reshape(g_count, -1).amax(1).to(torch.float64) for b in blocks]).amax(0)
+    finite = torch.isfinite(peak)  # amax propagates NaN and Inf
+    exponent = torch.frexp(torch.where(finite, peak, torch.zeros_like(peak))).exponent
+    scale = torch.ldexp(torch.ones_like(peak), exponent)
+    inv = torch.ldexp(torch.ones_like(peak), -exponent)
+    extreme = bool((exponent.abs() > 100).any())  # 2^-e leaves float32's normal range
+    all_finite = bool(finite.all())
+    out = []
+    for b in blocks:
+        if extreme and b.dtype != torch.float64:
+            b = b.double()
+        b = b.mul_(inv.to(b.dtype)[:, None, None]).to(dtype)  # fresh blocks: scaled in place
+        if not all_finite:
+            b[~finite] = 0.0
+        out.append(b)
+    return GraphBlocks(out, finite, scale)
+
+
+def load_blocks(
+    topology: ChannelTopology, weights: Sequence[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Filter-norm blocks `[G, out, C/g]` per layer of `G` checkpoints in the weights' own
+    units (for edge lists: [`AnalysisResult.graph`][dtg_gpu.AnalysisResult.graph]), and their finiteness.
+
+    The solver uses `scaled_blocks`; an edge weight beyond `dtype`'s range is `inf`
+    here. Blocks of a checkpoint with any NaN/Inf weight are zero.
+    """
+    gb = scaled_blocks(topology, weights, device, dtype)
+    return [b * gb.scale.to(dtype)[:, None, None] for b in gb.blocks], gb.finite
+
+
+def _reachable_everywhere(op: BlockOperator, which: torch.Tensor) -> torch.Tensor:
+    """Exact connectivity of the positive-weight graphs `which` by reachability from node 0.
+
+    `r ← r ∨ (A r > 0)` until nothing changes: with non-negative weights a node gains
+    reach exactly when a positive edge joins it to a reached node. Costs one product per
+    step of the graph's eccentricity (a few per layer), and runs only for graphs that hold
+    an exactly-zero weight slice.
+    """
+    r = torch.zeros(op.num_graphs, op.num_nodes, dtype=op.dtype, device=op.device)
+    r[:, 0] = 1.0
+    for _ in range(op.num_nodes):
+        grown = torch.maximum(r, (op(r) > 0).to(op.dtype))
+        if torch.equal(grown, r):
+            break
+        r = grown
+    return (r > 0).all(1) | ~which
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -> int:
+    """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit `budget` bytes."""
+    item = torch.finfo(dtype).bits // 8
+    sizes = [int(np.prod(l.weight_shape)) for l in topology.layers]
+    # the next chunk's checkpoints while its blocks are built in the background, blocks
+    # three times (this chunk, the next chunk, and a slot once taken by a transposed copy on
+    # CPU: kept, since the chunk size fixes the batches and so the last bits of every
+    # result and the feature cache's keys) + Lanczos vectors
+    per_graph = item * (sum(sizes) + 3 * topology.num_edges + (LANCZOS_VECTORS + 4) * topology.num_nodes)
+    return max(1, int(budget // max(per_graph, 1)))
+
+
+def pipeline_chunk_size(topology: ChannelTopology, n_items: int, dtype: torch.dtype, budget: int | None = None) -> int:
+    """Graphs per chunk: within the memory budget, and small enough that reading the next
+    chunk overlaps with solving this one (about 4 chunks), but never below ~5 M edges
+    (batching small graphs is what makes them fast) nor below `MIN_CHUNK_GRAPHS` graphs.
+
+    The second floor is for large graphs: a batched solve costs thousands of small tensor
+    ops per call (a few per layer per Lanczos step) whatever the batch holds, and on CPU
+    the batch is what `bmm` splits across threads. Measured on 2 cores
+    (`benchmarks/bench_filter_norms.py`, last table), a 10-checkpoint CIFAR VGG-16 run
+    analyses 17 % faster in float32 (3 % in float64) as one chunk than as chunks of 3, 3, 3
+    and 1 with the next one read in the background; from a cold page cache the two are
+    level (docs/benchmarks.md). Graphs under 500 k edges already have ≥ 10 per chunk."""
+    size = chunk_size_for(topology, dtype, DEFAULT_BUDGET_BYTES if budget is None else budget)
+    floor = max(MIN_CHUNK_GRAPHS, -(-MIN_CHUNK_EDGES // max(topology.num_edges, 1)))
+    return max(1, min(size, max(-(-n_items // 4), floor)))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Runs `[start, stop)` of one architecture's runs, solved together `chunk` graphs at
+    a time: the unit of work of `plan_units` (one Ray task, one cache entry per run)."""
+
+    start: int
+    stop: int
+    chunk: int
+
+    def chunks(self, k: int) -> list[range]:
+        """The unit's graphs `(run - start)·k + t` in solver chunks."""
+        n = (self.stop - self.start) * k
+        return [range(i, min(i + self.chunk, n)) for i in range(0, n, self.chunk)]
+
+
+def plan_units(
+    n_runs: int,
+    k: int,
+    topology: ChannelTopology,
+    dtype: torch.dtype,
+    chunk_size: int | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> list[Unit]:
+    """Split `n_runs` runs of `k` checkpoints each (one architecture) into units of whole runs.
+
+    The plan depends only on `(n_runs, k, topology, dtype, chunk_size, budget)`, never on
+    where or whether a unit runs: the local path, a Ray task and a resumed featurisation
+    solve every graph in the same batch, so their results are bit-identical (a batched solve
+    iterates until every graph of the batch converges, so a graph's last bits depend on
+    its batch). A unit holds `chunk // k` runs solved as one batch; when `k` graphs of one
+    run exceed the chunk (large models), a unit is one run solved `chunk` graphs at a time.
+    """
+    size = chunk_size or pipeline_chunk_size(topology, n_runs * k, dtype, budget_bytes)
+    if size < k:
+        return [Unit(i, i + 1, size) for i in range(n_runs)]
+    per = size // k
+    return [Unit(i, min(i + per, n_runs), (min(i + per, n_runs) - i) * k) for i in range(0, n_runs, per)]
+
+
+def iter_solve(
+    chunks: Sequence[Sequence[tuple[Run, int]]],
+    topology: ChannelTopology,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    tol: float,
+    max_iter: int,
+    method: Method,
+) -> Iterator[GraphBatchResult]:
+    """Solve the given chunks of `(run, t)` pairs one batch each, in order; results on the CPU.
+
+    The next chunk's checkpoints are read (and their filter norms taken) in a background
+    thread while this one is solved.
+    """
+    check_dtype(dtype)
+    chunks = [list(c) for c in chunks]
+    structural = topology.structurally_connected()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+
+        def load(chunk):  # read the files and take the filter norms while the last chunk solves
+            weights, errors = _read_weights(chunk, topology)
+            return scaled_blocks(topology, weights, device, dtype), errors
+
+        pending = pool.submit(load, chunks[0]) if chunks else None
+        for i, chunk in enumerate(chunks):
+            assert pending is not None
+            (blocks, finite, scale), errors = pending.result()
+            pending = pool.submit(load, chunks[i + 1]) if i + 1 < len(chunks) else None
+            op = BlockOperator(topology, blocks, scale=scale)
+            mask = torch.ones(len(chunk), topology.num_nodes, dtype=torch.bool, device=device)
+            res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
+            connected = finite & (res.eigenvalue > 0) & structural
+            zero = op.has_zero_weights() & connected
+            if bool(zero.any()):
+                zero &= ~op.layers_positively_connected()
+                if bool(zero.any()):
+                    connected &= _reachable_everywhere(op, zero)
+            nan = torch.tensor(float("nan"), dtype=dtype, device=device)
+            del blocks, op
+            yield GraphBatchResult(
+                centrality=torch.where(finite[:, None], res.vector, nan).cpu(),
+                eigenvalue=torch.where(finite, res.eigenvalue, nan).cpu(),
+                residual=torch.where(finite, res.residual, nan).cpu(),
+                iterations=res.iterations.cpu(),
+                converged=(res.converged & finite).cpu(),
+                finite=finite.cpu(),
+                connected=connected.cpu(),
+                error=errors,
+            )
+
+
+def concat_results(parts: Sequence[GraphBatchResult]) -> GraphBatchResult:
+    """One `GraphBatchResult` of several, rows in order."""
+    fields: dict[str, Any] = {
+        f: torch.cat([getattr(p, f) for p in parts]) if f != "error" else [e for p in parts for e in p.error]
+        for f in GraphBatchResult.__dataclass_fields__
+    }
+    return GraphBatchResult(**fields)
+
+
+def solve_timesteps(
+    items: Sequence[tuple[Run, int]],
+    topology: ChannelTopology,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    tol: float,
+    max_iter: int,
+    method: Method,
+    chunk_size: int | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    warn: bool = True,
+    progress=None,
+) -> GraphBatchResult:
+    """Solve the graphs of `(run, t)` pairs that share `topology`; results on the CPU."""
+    check_dtype(dtype)
+    items = list(items)
+    size = chunk_size or pipeline_chunk_size(topology, len(items), dtype, budget_bytes)
+    parts: list[GraphBatchResult] = []
+    for part in iter_solve(
+        list(_chunks(items, size)), topology, device=device, dtype=dtype, tol=tol, max_iter=max_iter, method=method
+    ):
+        parts.append(part)
+        if progress is not None:
+            progress.update(len(part.error))
+    out = concat_results(parts)
+    if warn:
+        warn_results(items, out)
+    return out
+
+
+def _read_weights(chunk, topology: ChannelTopology) -> tuple[list, list]:
+    """Each item's weights, or NaN stand-ins (no memory: expanded scalars) and the reason
+    when its checkpoint cannot be read, so that one bad file fails one graph, not the chunk."""
+    weights: list = []
+    errors: list[str | None] = []
+    for run, t in chunk:
+        try:
+            # another layout of the run's model (batch norm folded) is passed on; a plain read stays
+            # run.weights(t), which Run subclasses may override with one argument
+            weights.append(run.weights(t) if topology is run.topology else run.weights(t, topology))
+            errors.append(None)
+        except READ_ERRORS as exc:
+            nan = torch.tensor(float("nan"))
+            weights.append({l.param: nan.expand(l.weight_shape) for l in topology.layers})
+            errors.append(str(exc) or type(exc).__name__)
+    return weights, errors
+
+
+def _names(items, mask) -> str:
+    hits = [f"{run.name}[t={t}]" for (run, t), m in zip(items, mask.tolist()) if m]
+    more = f" and {len(hits) - 8} more" if len(hits) > 8 else ""
+    return ", ".join(hits[:8]) + more
+
+
+def warn_results(items, out: GraphBatchResult, stacklevel: int = 3) -> None:
+    """The non-finite, not-converged and disconnected graphs of `out`, each kind in one warning."""
+    unread = torch.tensor([e is not None for e in out.error], dtype=torch.bool)
+    nonfinite = ~out.finite & ~unread  # unreadable checkpoints are reported by the caller
+    if bool(nonfinite.any()):
+        warnings.warn(
+            f"non-finite (NaN/Inf) weights at {_names(items, nonfinite)}: their centrality is NaN",
+            NonFiniteWeightsWarning,
+            stacklevel=stacklevel,
+        )
+    bad = out.finite & ~out.converged
+    if bool(bad.any()):
+        warnings.warn(
+            f"eigenvector centrality did not converge at {_names(items, bad)} "
+            f"(largest residual {float(out.residual[bad].max()):.3g}); raise max_iter "
+            "or tol",
+            ConvergenceWarning,
+            stacklevel=stacklevel,
+        )
+    disc = out.finite & ~out.connected
+    if bool(disc.any()):
+        warnings.warn(
+            f"disconnected or all-zero graph at {_names(items, disc)}: its Perron vector is not unique",
+            DisconnectedGraphWarning,
+            stacklevel=stacklevel,
+        )
