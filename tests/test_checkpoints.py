@@ -129,7 +129,7 @@ def test_from_dir_reads_run_json(tmp_path):
 def test_safetensors_read_whole_or_mapped_give_the_same_tensors(tmp_path, monkeypatch, size):
     """Files up to SMALL_SAFETENSORS are read in one go, larger ones mapped: same tensors,
     same key selection, same error naming a truncated file, either way."""
-    import dtg_gpu.io as ck
+    import dtg_gpu.io.checkpoints as ck
 
     if size == "large":
         monkeypatch.setattr(ck, "SMALL_SAFETENSORS", 0)

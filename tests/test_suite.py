@@ -125,7 +125,7 @@ def test_cli_width_keeps_the_presets_other_model_keywords(tmp_path, monkeypatch)
         seen["cfg"] = cfg
         return tmp_path
 
-    monkeypatch.setattr("dtg_gpu.sweeps.run_sweep", fake_run_sweep)
+    monkeypatch.setattr("dtg_gpu.sweeps.runner.run_sweep", fake_run_sweep)
     assert main(["sweep", "--preset", "vgg11bn-shapes-step", "--width", "0.125", "--out", str(tmp_path / "s")]) == 0
     assert seen["cfg"].model_kwargs == {"width": 0.125, "batch_norm": True}
     assert main(["sweep", "--preset", "mobilenet-shapes-cosine", "--width", "4", "--out", str(tmp_path / "m")]) == 0

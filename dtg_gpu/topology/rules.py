@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -196,6 +197,187 @@ def _dim1(node: torch.fx.Node, pos: int) -> bool:
     return dim == 1
 
 
+def _source(node: torch.fx.Node, vals: dict) -> Any:
+    raw = node.args[0] if node.args else None
+    return vals.get(raw) if isinstance(raw, torch.fx.Node) else None
+
+
+def _channels(node: torch.fx.Node, vals: dict) -> _Val | None:
+    """The value whose channel dim `node` works on, when its channel nodes are known."""
+    src = _source(node, vals)
+    return src if isinstance(src, _Val) and src.cell.ids is not None else None
+
+
+# --- sizes and integer arithmetic on them -------------------------------------------------
+def _size_call(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`x.size()` (all dims) or `x.size(d)` (the channel count when `d == 1`)."""
+    src = _source(node, vals)
+    if not isinstance(src, _Val):
+        return False
+    if len(node.args) > 1 or "dim" in node.kwargs:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
+        consts[node] = len(src.cell.ids) if dim == 1 and src.cell.ids is not None and src.split is None else None
+    else:
+        consts[node] = _SizeOf(src)
+    vals[node] = None
+    return True
+
+
+def _shape_attr(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`x.shape`."""
+    src = _source(node, vals)
+    if len(node.args) > 1 and node.args[1] == "shape" and isinstance(src, _Val):
+        consts[node], vals[node] = _SizeOf(src), None
+        return True
+    return False
+
+
+def _size_item(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`x.shape[1]`: the channel count."""
+    raw = node.args[0] if node.args else None
+    if not isinstance(consts.get(raw), _SizeOf):
+        return False
+    v = consts[raw].val
+    consts[node] = len(v.cell.ids) if node.args[1] == 1 and v.cell.ids is not None and v.split is None else None
+    vals[node] = None
+    return True
+
+
+def _size_arith(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`C // g`, `C * 2`, ... on known sizes."""
+    if not any(isinstance(a, torch.fx.Node) and a in consts for a in node.args):
+        return False
+    xs = [_const(a, consts) for a in node.args[:2]]
+    fn = _ARITH[node.target]
+    consts[node] = fn(*xs) if None not in xs and not (fn is operator.floordiv and xs[1] == 0) else None
+    vals[node] = None
+    return True
+
+
+# --- slicing along the channel dim ---------------------------------------------------------
+def _chunk_split(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`chunk`/`split` along dim 1: each piece gets its slice of the channel nodes."""
+    src = _channels(node, vals)
+    if src is None or src.split is not None or not _dim1(node, 2):
+        return False
+    ids, n = src.cell.ids, len(src.cell.ids)
+    spec = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks", node.kwargs.get("split_size_or_sections"))
+    if node.target in ("chunk", torch.chunk):
+        size = -(-n // spec)
+        sizes = [min(size, n - i) for i in range(0, n, size)]
+    elif isinstance(spec, int):
+        sizes = [min(spec, n - i) for i in range(0, n, spec)]
+    else:
+        sizes = list(spec)
+    bounds = np.cumsum([0] + sizes)
+    vals[node] = _Pieces(_Val(_Cell(ids[a:b])) for a, b in zip(bounds[:-1], bounds[1:]))
+    return True
+
+
+def _narrow(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`x.narrow(1, start, length)` with known bounds."""
+    src = _channels(node, vals)
+    if src is None or src.split is not None or node.args[1] != 1:
+        return False
+    start, length = _const(node.args[2], consts), _const(node.args[3], consts)
+    if start is None or length is None:
+        return False
+    vals[node] = _Val(_Cell(src.cell.ids[start : start + length]))
+    return True
+
+
+def _channel_slice(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """`x[:, a:b]`."""
+    src = _channels(node, vals)
+    index = node.args[1] if len(node.args) > 1 else None
+    if src is None or src.split is not None or not (isinstance(index, tuple) and len(index) > 1):
+        return False
+    sl = index[1]
+    if not isinstance(sl, slice) or sl == slice(None):
+        return False
+    parts = [_const(x, consts) if x is not None else None for x in (sl.start, sl.stop, sl.step)]
+    vals[node] = _Val(_Cell(src.cell.ids[slice(*parts)]))
+    return True
+
+
+# --- channel shuffle: view into (g, C/g), transpose, view back ----------------------------
+def _reshape(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """A `view`/`reshape` that splits the channel dim into `(g, C/g)`, or merges it back."""
+    src = _channels(node, vals)
+    if src is None:
+        return False
+    ids = src.cell.ids
+    shape = list(node.args[1:]) if node.op == "call_method" else list(node.args[1])
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = list(shape[0])
+    dims = [_const(d, consts) for d in shape[1:]]
+    if src.split is not None:
+        if dims and (dims[0] == -1 or dims[0] == len(ids)):  # the split dims merged back
+            vals[node] = _Val(_Cell(ids))
+            return True
+        raise TopologyError(
+            f"{_describe(node)}: a reshape of a split channel dimension "
+            "that dtg_gpu cannot follow; its channel mapping is unknown"
+        )
+    if len(dims) >= 3 and dims[0] is not None and dims[1] is not None and dims[0] > 1 and dims[0] * dims[1] == len(ids):
+        vals[node] = _Val(_Cell(ids), split=(dims[0], dims[1]))
+        return True
+    return False
+
+
+def _shuffle(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
+    """A `transpose`/`permute` of the split channel dims (not with a spatial one)."""
+    src = _channels(node, vals)
+    if src is None or src.split is None:
+        return False
+    k = len(src.split)
+    if node.target == "permute":
+        perm = list(node.args[1:]) if not isinstance(node.args[1], (tuple, list)) else list(node.args[1])
+        chan = [p - 1 for p in perm[1 : k + 1]]
+        if perm[0] != 0 or sorted(chan) != list(range(k)):
+            raise TopologyError(
+                f"{_describe(node)}: a permute that moves the channel dimension; its channel mapping is unknown"
+            )
+    else:
+        a, b = node.args[1], node.args[2]
+        if not (1 <= a <= k and 1 <= b <= k):
+            raise TopologyError(
+                f"{_describe(node)}: a transpose of a split channel dimension with "
+                "a spatial one; its channel mapping is unknown"
+            )
+        chan = list(range(k))
+        chan[a - 1], chan[b - 1] = chan[b - 1], chan[a - 1]
+    grid = src.cell.ids.reshape(src.split).transpose(chan)
+    vals[node] = _Val(_Cell(grid.reshape(-1)), split=tuple(grid.shape))
+    return True
+
+
+ChannelRule = Callable[[torch.fx.Node, dict, dict], bool]
+
+#: `call_method` name -> the rules tried in order; the first that returns True handled the node
+METHOD_RULES: dict[str, tuple[ChannelRule, ...]] = {
+    "size": (_size_call,),
+    "chunk": (_chunk_split,),
+    "split": (_chunk_split,),
+    "narrow": (_narrow,),
+    "view": (_reshape,),
+    "reshape": (_reshape,),
+    "transpose": (_shuffle,),
+    "permute": (_shuffle,),
+}
+
+#: `call_function` target -> the rules tried in order
+FUNCTION_RULES: dict[Any, tuple[ChannelRule, ...]] = {
+    getattr: (_shape_attr,),
+    operator.getitem: (_size_item, _channel_slice),
+    torch.chunk: (_chunk_split,),
+    torch.split: (_chunk_split,),
+    torch.reshape: (_reshape,),
+    torch.transpose: (_shuffle,),
+    **{fn: (_size_arith,) for fn in _ARITH},
+}
+
+
 def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bool:
     """Channel-exact slicing, sizes and shuffles; `True` when `node` was handled.
 
@@ -204,133 +386,19 @@ def _channel_op(node: torch.fx.Node, args: list, vals: dict, consts: dict) -> bo
     so that shapes computed from it are known; a `view` that splits the channel dim into
     `(g, C/g)`, a `transpose` of those dims and the `view` that merges them back permute
     the channel nodes (ShuffleNet's channel shuffle). A reshape of a split channel dim that is
-    not understood is an error that names it, never a silent identity.
+    not understood is an error that names it, never a silent identity. The rules are the
+    tables `METHOD_RULES` and `FUNCTION_RULES`.
     """
-    target, op = node.target, node.op
-    raw = node.args[0] if node.args else None
-    src = vals.get(raw) if isinstance(raw, torch.fx.Node) else None
-    # sizes and integer arithmetic on them
-    if op == "call_method" and target == "size" and isinstance(src, _Val):
-        if len(node.args) > 1 or "dim" in node.kwargs:
-            dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
-            consts[node] = len(src.cell.ids) if dim == 1 and src.cell.ids is not None and src.split is None else None
-        else:
-            consts[node] = _SizeOf(src)
-        vals[node] = None
-        return True
-    if (
-        op == "call_function"
-        and target is getattr
-        and len(node.args) > 1
-        and node.args[1] == "shape"
-        and isinstance(src, _Val)
-    ):
-        consts[node], vals[node] = _SizeOf(src), None
-        return True
-    if op == "call_function" and target is operator.getitem and isinstance(consts.get(raw), _SizeOf):
-        v = consts[raw].val
-        consts[node] = len(v.cell.ids) if node.args[1] == 1 and v.cell.ids is not None and v.split is None else None
-        vals[node] = None
-        return True
-    if (
-        op == "call_function"
-        and target in _ARITH
-        and any(isinstance(a, torch.fx.Node) and a in consts for a in node.args)
-    ):
-        xs = [_const(a, consts) for a in node.args[:2]]
-        consts[node] = (
-            _ARITH[target](*xs) if None not in xs and not (target is operator.floordiv and xs[1] == 0) else None
-        )
-        vals[node] = None
-        return True
-    if not isinstance(src, _Val) or src.cell.ids is None:
-        return False
-    ids = src.cell.ids
-    # slicing along the channel dim
-    if (
-        src.split is None
-        and (
-            (op == "call_method" and target in ("chunk", "split"))
-            or (op == "call_function" and target in (torch.chunk, torch.split))
-        )
-        and _dim1(node, 2)
-    ):
-        n = len(ids)
-        spec = (
-            node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks", node.kwargs.get("split_size_or_sections"))
-        )
-        if target in ("chunk", torch.chunk):
-            size = -(-n // spec)
-            sizes = [min(size, n - i) for i in range(0, n, size)]
-        elif isinstance(spec, int):
-            sizes = [min(spec, n - i) for i in range(0, n, spec)]
-        else:
-            sizes = list(spec)
-        bounds = np.cumsum([0] + sizes)
-        vals[node] = _Pieces(_Val(_Cell(ids[a:b])) for a, b in zip(bounds[:-1], bounds[1:]))
-        return True
-    if op == "call_method" and target == "narrow" and src.split is None and node.args[1] == 1:
-        start, length = _const(node.args[2], consts), _const(node.args[3], consts)
-        if start is not None and length is not None:
-            vals[node] = _Val(_Cell(ids[start : start + length]))
-            return True
-    if op == "call_function" and target is operator.getitem:
-        index = node.args[1]
-        if isinstance(index, tuple) and len(index) > 1 and isinstance(index[1], slice) and src.split is None:
-            sl = index[1]
-            if sl != slice(None):
-                parts = [_const(x, consts) if x is not None else None for x in (sl.start, sl.stop, sl.step)]
-                vals[node] = _Val(_Cell(ids[slice(*parts)]))
-                return True
-    # channel shuffle: view into (g, C/g), transpose, view back
-    if (op == "call_method" and target in ("view", "reshape")) or (op == "call_function" and target is torch.reshape):
-        shape = list(node.args[1:]) if op == "call_method" else list(node.args[1])
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = list(shape[0])
-        dims = [_const(d, consts) for d in shape[1:]]
-        if src.split is not None:
-            if dims and (dims[0] == -1 or dims[0] == len(ids)):  # the split dims merged back
-                vals[node] = _Val(_Cell(ids))
-                return True
-            raise TopologyError(
-                f"{_describe(node)}: a reshape of a split channel dimension "
-                "that dtg_gpu cannot follow; its channel mapping is unknown"
-            )
-        if (
-            len(dims) >= 3
-            and dims[0] is not None
-            and dims[1] is not None
-            and dims[0] > 1
-            and dims[0] * dims[1] == len(ids)
-        ):
-            vals[node] = _Val(_Cell(ids), split=(dims[0], dims[1]))
-            return True
-        return False
-    if src.split is not None and (
-        (op == "call_function" and target is torch.transpose)
-        or (op == "call_method" and target in ("transpose", "permute"))
-    ):
-        k = len(src.split)
-        if target == "permute":
-            perm = list(node.args[1:]) if not isinstance(node.args[1], (tuple, list)) else list(node.args[1])
-            chan = [p - 1 for p in perm[1 : k + 1]]
-            if perm[0] != 0 or sorted(chan) != list(range(k)):
-                raise TopologyError(
-                    f"{_describe(node)}: a permute that moves the channel dimension; its channel mapping is unknown"
-                )
-        else:
-            a, b = node.args[1], node.args[2]
-            if not (1 <= a <= k and 1 <= b <= k):
-                raise TopologyError(
-                    f"{_describe(node)}: a transpose of a split channel dimension with "
-                    "a spatial one; its channel mapping is unknown"
-                )
-            chan = list(range(k))
-            chan[a - 1], chan[b - 1] = chan[b - 1], chan[a - 1]
-        grid = ids.reshape(src.split).transpose(chan)
-        vals[node] = _Val(_Cell(grid.reshape(-1)), split=tuple(grid.shape))
-        return True
-    return False
+    if node.op == "call_method" and isinstance(node.target, str):
+        rules = METHOD_RULES.get(node.target, ())
+    elif node.op == "call_function":
+        try:
+            rules = FUNCTION_RULES.get(node.target, ())
+        except TypeError:  # an unhashable target
+            rules = ()
+    else:
+        rules = ()
+    return any(rule(node, vals, consts) for rule in rules)
 
 
 def _describe(node: torch.fx.Node) -> str:
