@@ -111,7 +111,7 @@ def worker(a) -> None:
                     total += float(v.sum())
         extra = {"numbers_read": n}
     else:
-        X = featurize(runs, device=a.device, dtype=torch.float32)
+        X = featurize(runs, device=a.device)
         extra = {"finite": bool(torch.isfinite(X).all())}
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -34,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dtg_gpu import SolverOptions
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
@@ -200,7 +201,10 @@ def focus(a) -> None:
         if a.only and name not in a.only:
             continue
         runs = load_sweep(run_sweep(cfg, Path(a.work) / name, progress=False))
-        per_dtype = {dt: featurize_sweep(runs, alpha=0.5, dtype=getattr(torch, dt)) for dt in {c[1] for c in columns}}
+        per_dtype = {
+            dt: featurize_sweep(runs, alpha=0.5, solver=SolverOptions(dtype=getattr(torch, dt)))
+            for dt in {c[1] for c in columns}
+        }
         base = per_dtype["float32"]
         k = max(1, base.timesteps // 4)
         rows = []

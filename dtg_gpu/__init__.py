@@ -31,6 +31,11 @@ _LAZY = {
     "AnalysisResult": "dtg_gpu.analysis",
     "analyze": "dtg_gpu.analysis",
     "featurize": "dtg_gpu.analysis",
+    "extract_features": "dtg_gpu.analysis",
+    "FeatureResult": "dtg_gpu.analysis",
+    "SolverOptions": "dtg_gpu.engine.options",
+    "FeatureRecipe": "dtg_gpu.features.temporal",
+    "feature_recipe": "dtg_gpu.features.temporal",
     "EigenResult": "dtg_gpu.centrality",
     "eigenvector_centrality": "dtg_gpu.centrality",
     "solve_perron": "dtg_gpu.centrality",
@@ -52,10 +57,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from dtg_gpu.analysis import AnalysisResult, analyze, featurize
+    from dtg_gpu.analysis import AnalysisResult, FeatureResult, analyze, extract_features, featurize
     from dtg_gpu.centrality import EigenResult, eigenvector_centrality, solve_perron
+    from dtg_gpu.engine.options import SolverOptions
     from dtg_gpu.features.statistics import STATISTICS, timestep_statistics
-    from dtg_gpu.features.temporal import temporal_features, temporal_reinforcement
+    from dtg_gpu.features.temporal import FeatureRecipe, feature_recipe, temporal_features, temporal_reinforcement
     from dtg_gpu.graph.native import native_status
     from dtg_gpu.graph.operators import BlockOperator, filter_norms
     from dtg_gpu.io.checkpoints import Run, load_state_dict
@@ -85,6 +91,11 @@ __all__ = [
     "AnalysisResult",
     "analyze",
     "featurize",
+    "extract_features",
+    "FeatureResult",
+    "SolverOptions",
+    "FeatureRecipe",
+    "feature_recipe",
     "EigenResult",
     "eigenvector_centrality",
     "solve_perron",

@@ -2,20 +2,23 @@ r"""`analyze` one run and `featurize` many: the public face of steps 2–4."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 import torch
 
-from dtg_gpu.centrality import Method, attainable_tol, check_solver_args
-from dtg_gpu.core.devices import check_dtype, parse_device, resolve_device
+from dtg_gpu.centrality import Method
+from dtg_gpu.core.devices import parse_device, resolve_device
 from dtg_gpu.core.failures import READ_ERRORS, unique_name, warn_failures
+from dtg_gpu.core.validation import check_int, is_number
 from dtg_gpu.engine.executors import default_cache, featurize_runs
-from dtg_gpu.engine.solve import SolvedGraphs, load_blocks, solve_timesteps
-from dtg_gpu.engine.units import SolveSettings
+from dtg_gpu.engine.options import SolverOptions
+from dtg_gpu.engine.solve import SolvedGraphs, load_blocks, warn_results
+from dtg_gpu.engine.units import SolveSettings, solve_graphs
 from dtg_gpu.exceptions import CheckpointError, DTGWarning, InsufficientCheckpointsError
 from dtg_gpu.features.statistics import STATISTICS, layer_node_groups, timestep_statistics
 from dtg_gpu.features.temporal import FeatureRecipe, check_alpha, feature_recipe, temporal_features
@@ -24,7 +27,7 @@ from dtg_gpu.graph.operators import to_pyg
 from dtg_gpu.io.checkpoints import Run
 from dtg_gpu.topology.types import ChannelTopology
 
-__all__ = ["AnalysisResult", "analyze", "featurize"]
+__all__ = ["AnalysisResult", "analyze", "featurize", "extract_features", "FeatureResult", "covariate_matrix"]
 
 
 @dataclass
@@ -112,6 +115,7 @@ class AnalysisResult(SolvedGraphs):
 
 def analyze(
     run: Run,
+    *,
     alpha: float = 0.5,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
@@ -119,8 +123,8 @@ def analyze(
     max_iter: int = 1000,
     method: Method = "auto",
     chunk_size: int | None = None,
-    *,
     fold_batchnorm: bool = False,
+    solver: SolverOptions | None = None,
 ) -> AnalysisResult:
     r"""Centrality, statistics and temporal features of every checkpoint of one run.
 
@@ -131,20 +135,16 @@ def analyze(
         Temporal reinforcement constant (method step 4).
     device : str or torch.device, optional
         `None` picks CUDA when available, else the CPU.
-    dtype : torch.float32 or torch.float64
-    tol : float, default 1e-6
-        Relative residual `‖Ax − λx‖₂/λ` per graph (`method="networkx"`: NetworkX's
-        `Σ|Δx| < N·tol`), floored at 32·eps of `dtype` (3.8e-6 in float32; the value
-        used is `res.settings["effective_tol"]`). For float64 agreement with NetworkX to
-        1e-9, ask `tol=1e-10`.
-    max_iter : int, default 1000
-    method : {"auto", "lanczos", "networkx"}
-    chunk_size : int, optional
-        Timesteps solved together; by default sized to a 1 GiB working set.
+    dtype, tol, max_iter, method, chunk_size
+        The solver's settings ([`SolverOptions`][dtg_gpu.SolverOptions]; NetworkX's names).
+        For float64 agreement with NetworkX to 1e-9, ask `tol=1e-10`.
     fold_batchnorm : bool, default False
         **Option beyond the method.** Edges from the inference-time weights of layers
         followed by batch norm, $\gamma/\sqrt{\sigma^2+\varepsilon}\cdot W$ per output
         channel ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]).
+    solver : SolverOptions, optional
+        The solver's settings as one object; `dtype` … `chunk_size` given beside it
+        replace its fields.
 
     Returns
     -------
@@ -181,23 +181,17 @@ def analyze(
     if len(run) == 0:
         raise ValueError(f"run {run.name!r} has no checkpoints")
     alpha = check_alpha(alpha)
-    check_solver_args(tol, max_iter, method)
+    solver = _solver_options(solver, dtype=dtype, tol=tol, max_iter=max_iter, method=method, chunk_size=chunk_size)
     dev = resolve_device(device)
     topo = run.topology.folded if fold_batchnorm else run.topology
-    out = solve_timesteps(
-        [(run, t) for t in range(len(run))],
-        topo,
-        device=dev,
-        dtype=dtype,
-        tol=tol,
-        max_iter=max_iter,
-        method=method,
-        chunk_size=chunk_size,
-    )
+    out = solve_graphs([run], len(run), topo, dev, solver)
+    warn_results([(run, t) for t in range(len(run))], out)
     first = next((e for e in out.error if e is not None), None)
     if first is not None:
         raise CheckpointError(first)
     stats = timestep_statistics(out.centrality)
+    settings = {**solver.to_dict(), "device": str(dev), "fold_batchnorm": bool(fold_batchnorm)}
+    settings.pop("chunk_size", None)
     return AnalysisResult(
         run=run,
         topology=topo,
@@ -205,96 +199,43 @@ def analyze(
         stats=stats,
         features=temporal_features(stats, alpha),
         alpha=alpha,
-        settings=dict(
-            tol=tol,
-            effective_tol=(tol if method == "networkx" else attainable_tol(tol, dtype)),
-            max_iter=max_iter,
-            method=method,
-            dtype=str(dtype),
-            device=str(dev),
-            fold_batchnorm=bool(fold_batchnorm),
-        ),
+        settings=settings,
     )
 
 
-@overload
-def featurize(
-    runs: Sequence[Run],
-    timesteps: int | None = None,
-    alpha: float = 0.5,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-    tol: float = 1e-6,
-    max_iter: int = 1000,
-    method: Method = "auto",
-    chunk_size: int | None = None,
-    progress: bool = False,
-    return_stats: Literal[False] = False,
-    eigenvalue: bool | None = None,
-    per_layer: bool | None = None,
-    strict: bool = False,
-    *,
-    fold_batchnorm: bool | None = None,
-    covariates: Sequence[str] = (),
-    features: str | FeatureRecipe = "default",
-    weight_stats: bool | None = None,
-) -> torch.Tensor: ...
-
-
-@overload
-def featurize(
-    runs: Sequence[Run],
-    timesteps: int | None = None,
-    alpha: float = 0.5,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-    tol: float = 1e-6,
-    max_iter: int = 1000,
-    method: Method = "auto",
-    chunk_size: int | None = None,
-    progress: bool = False,
-    return_stats: Literal[True] = ...,
-    eigenvalue: bool | None = None,
-    per_layer: bool | None = None,
-    strict: bool = False,
-    *,
-    fold_batchnorm: bool | None = None,
-    covariates: Sequence[str] = (),
-    features: str | FeatureRecipe = "default",
-    weight_stats: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
+def _solver_options(solver: SolverOptions | None, **flat: Any) -> SolverOptions:
+    """`solver` (default options when `None`) with the flat keywords that were given (not at
+    their defaults) put in."""
+    if solver is None:
+        solver = SolverOptions()
+    if not isinstance(solver, SolverOptions):
+        raise TypeError(f"solver must be a dtg_gpu.SolverOptions, got {type(solver).__name__}")
+    default = SolverOptions()
+    changed = {k: v for k, v in flat.items() if not (v is getattr(default, k) or v == getattr(default, k))}
+    return dataclasses.replace(solver, **changed) if changed else solver
 
 
 def featurize(
     runs: Sequence[Run],
     timesteps: int | None = None,
+    *,
+    features: str | FeatureRecipe = "default",
     alpha: float = 0.5,
     device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-    tol: float = 1e-6,
-    max_iter: int = 1000,
-    method: Method = "auto",
-    chunk_size: int | None = None,
-    progress: bool = False,
-    return_stats: bool = False,
-    eigenvalue: bool | None = None,
-    per_layer: bool | None = None,
-    strict: bool = False,
-    *,
-    fold_batchnorm: bool | None = None,
+    solver: SolverOptions | None = None,
     covariates: Sequence[str] = (),
-    features: str | FeatureRecipe = "default",
-    weight_stats: bool | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    strict: bool = False,
+    progress: bool = False,
+) -> torch.Tensor:
     r"""Temporal features of many runs, one row each.
 
     `features="spec"` is the seed's method exactly: the five centrality statistics of each
     of the first `k` checkpoints, smoothed, `[len(runs), 5·k]`. The default,
     `features="default"`, is the recipe that gave the best verdict on the benchmark suite
-    (`FEATURE_RECIPES`): per-layer statistics and
-    $\log\lambda_1$ of the graph with batch norm folded (`per_layer`, `eigenvalue`,
-    `fold_batchnorm`), then the weight statistics of the `k`-th checkpoint
-    (`weight_stats`). Each of these flags, when given, overrides the recipe's.
+    (`FEATURE_RECIPES`): per-layer statistics and $\log\lambda_1$ of the graph with batch
+    norm folded, then the weight statistics of the `k`-th checkpoint. A
+    [`FeatureRecipe`][dtg_gpu.features.temporal.FeatureRecipe] chooses each part:
+    `features=feature_recipe("default", weight_stats=False)`.
 
     Runs that share an architecture are solved together, `runs·k` graphs per batch
     (chunked to a memory budget).
@@ -303,56 +244,41 @@ def featurize(
     ----------
     runs : sequence of Run
     timesteps : int, optional
-        `k`: use the first `k` checkpoints of each run (default: the shortest run's
-        length).
-    alpha, device, dtype, tol, max_iter, method, chunk_size
-        As in [`analyze`][dtg_gpu.analyze].
-    progress : bool, default False
-        Show a tqdm bar over graphs.
-    return_stats : bool, default False
-        Also return the raw statistics `[len(runs), k, F]` (`F = 5` by default).
-    per_layer : bool, optional
-        **Option beyond the method.** After the five statistics of the whole centrality vector,
-        the five statistics of each layer's nodes (layers of at least 3 nodes, in node
-        order; see `layer_node_groups`): `F = 5 + 5·L`. One
-        global summary of a few hundred nodes hides which layer moved
-        (`benchmarks/results/prediction.md` measures it). Every run must then have the
-        same number of such layers.
-    eigenvalue : bool, optional
-        **Option beyond the method.** Append $\log\lambda_1$ (the Perron eigenvalue of the
-        graph) as the last per-timestep statistic, smoothed like the others (`F + 1`).
-        The unit-norm centrality is blind to the scale of the weights (`cA` has the
-        eigenvector of `A`); $\lambda_1$ carries it.
-    strict : bool, default False
-        `False`: a run whose model cannot be traced or one of whose first `k` checkpoints
-        cannot be read gets a NaN row, and one [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning]
-        names every such run with its file and cause (`warning.failures`); the rest of the
-        sweep is computed. `True`: the first such error is raised.
-    fold_batchnorm : bool, optional
-        **Option beyond the method.** Edges from the inference-time weights of layers
-        followed by batch norm ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]).
+        `k`: use the first `k` checkpoints of each run (default: the shortest run's length).
     features : {"default", "spec"} or FeatureRecipe, default "default"
-        The recipe; `per_layer`, `eigenvalue`, `fold_batchnorm` and `weight_stats`
-        left at `None` take its values.
-    weight_stats : bool, optional
-        **Baseline appended.** Mean, standard deviation and five quantiles of each weight
-        layer at the `k`-th checkpoint ([`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]), after
-        the temporal features and before the covariates.
+        **Options beyond the method** in the recipe: `per_layer` (the five statistics of each
+        layer's nodes too, layers of at least 3 nodes: `F = 5 + 5·L`; every run must then
+        have as many such layers), `eigenvalue` ($\log\lambda_1$ appended per timestep,
+        `F + 1`: the unit-norm centrality is blind to the weights' scale), `fold_batchnorm`
+        ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]) and `weight_stats`
+        (mean, std and five quantiles of each weight layer at checkpoint `k`,
+        [`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]).
+    alpha, device
+        As in [`analyze`][dtg_gpu.analyze].
+    solver : SolverOptions, optional
+        The solver's settings (dtype, tol, max_iter, method, chunk_size).
     covariates : sequence of str, default ()
         **Option beyond the method.** Hyper-parameters of each run, read from its
-        `meta` (`run.json`), appended after the temporal features in this order
-        ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]: learning rates and weight decay as `log10`). A run
-        without one of them is a failed run (NaN row, named in the warning).
+        `meta` (`run.json`), appended last in this order
+        ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]: learning rates and weight
+        decay as `log10`). A run without one of them is a failed run.
+    strict : bool, default False
+        `False`: a run whose model cannot be traced or one of whose first `k` checkpoints
+        cannot be read gets a NaN row, and one
+        [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning] names every such run
+        with its file and cause; the rest is computed. `True`: the first such error is raised.
+    progress : bool, default False
+        Show a tqdm bar over graphs.
 
     Returns
     -------
-    Tensor `[len(runs), F·k + W + len(covariates)]`, its `column_blocks` attribute the
-    widths of its feature sets (DTG, weight statistics, covariates; what
-    `PerformancePredictor(blocks="auto")` and [`evaluate`][dtg_gpu.evaluate] read): `F` statistics per timestep (5 with
-    `"spec"`; `5 + 5·L + 1` per layer with λ), `W` weight statistics (7 per weight layer,
-    0 without), the covariates (and the statistics with `return_stats`). A run with
-    non-finite weights in its first `k` checkpoints has NaN features from that timestep
-    on; a run that failed (see `strict`) has a NaN row.
+    Tensor `[len(runs), F·k + W + len(covariates)]`
+        Its `column_blocks` attribute holds the widths of its feature sets (DTG, weight
+        statistics, covariates), which `PerformancePredictor(blocks="auto")` and
+        [`evaluate`][dtg_gpu.evaluate] read. A run with non-finite weights has NaN features
+        from that timestep on; a failed run has a NaN row.
+        [`extract_features`][dtg_gpu.analysis.extract_features] also returns the raw
+        statistics and the failures.
 
     Raises
     ------
@@ -363,27 +289,41 @@ def featurize(
     CheckpointError, TopologyError
         With `strict=True`, a run that cannot be read.
     """
-    feats, stats, failures = featurize_with_failures(
+    res = extract_features(
         runs,
-        timesteps=timesteps,
+        timesteps,
+        features=features,
         alpha=alpha,
         device=device,
-        dtype=dtype,
-        tol=tol,
-        max_iter=max_iter,
-        method=method,
-        chunk_size=chunk_size,
-        progress=progress,
-        eigenvalue=eigenvalue,
-        per_layer=per_layer,
-        strict=strict,
-        fold_batchnorm=fold_batchnorm,
+        solver=solver,
         covariates=covariates,
-        features=features,
-        weight_stats=weight_stats,
+        strict=strict,
+        progress=progress,
     )
-    warn_failures(failures, stacklevel=3)
-    return (feats, stats) if return_stats else feats
+    warn_failures(res.failures, stacklevel=3)
+    return res.features
+
+
+@dataclass
+class FeatureResult:
+    """What [`extract_features`][dtg_gpu.analysis.extract_features] returns.
+
+    Attributes
+    ----------
+    features : Tensor `[R, F·k + W + C]`
+        [`featurize`][dtg_gpu.featurize]'s matrix (with its `column_blocks`).
+    statistics : Tensor `[R, k, F]`
+        The raw per-timestep statistics, before smoothing.
+    failures : dict of str to str
+        Each run that could not be read or solved (its rows are NaN), with the reason.
+    column_blocks : tuple of int
+        Widths of the feature sets in `features`, in order.
+    """
+
+    features: torch.Tensor
+    statistics: torch.Tensor
+    failures: dict[str, str]
+    column_blocks: tuple[int, ...]
 
 
 def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[str, list], **per_row: list):
@@ -408,121 +348,63 @@ def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[
     return pd.DataFrame(data)
 
 
-def featurize_with_failures(
+def extract_features(
     runs: Sequence[Run],
-    *,
     timesteps: int | None = None,
+    *,
+    features: str | FeatureRecipe = "default",
     alpha: float = 0.5,
-    device=None,
-    dtype: torch.dtype = torch.float32,
-    tol: float = 1e-6,
-    max_iter: int = 1000,
-    method: Method = "auto",
-    chunk_size: int | None = None,
-    progress: bool = False,
-    eigenvalue: bool | None = None,
-    per_layer: bool | None = None,
+    device: str | torch.device | None = None,
+    solver: SolverOptions | None = None,
+    covariates: Sequence[str] = (),
     strict: bool = False,
+    progress: bool = False,
     executor: Literal["local", "ray"] = "local",
     address: str | None = None,
     cache: Any = False,
-    fold_batchnorm: bool | None = None,
-    covariates: Sequence[str] = (),
-    features: str | FeatureRecipe = "default",
-    weight_stats: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
-    """[`featurize`][dtg_gpu.featurize]'s work: `(features, statistics, failures)` where `failures` maps
-    the name of each run that could not be read or traced to the reason (its row is NaN).
+) -> FeatureResult:
+    """[`featurize`][dtg_gpu.featurize]'s work, with everything it learns: the features, the
+    raw statistics and the failed runs (named, not warned about: the caller decides).
 
-    `executor`, `address` and `cache` as in [`featurize_sweep`][dtg_gpu.workflow.verdicts.featurize_sweep]
-    (default here: no cache)."""
-    recipe = feature_recipe(
-        features, per_layer=per_layer, eigenvalue=eigenvalue, fold_batchnorm=fold_batchnorm, weight_stats=weight_stats
-    )
-    per_layer, eigenvalue, fold_batchnorm = recipe.per_layer, recipe.eigenvalue, recipe.fold_batchnorm
+    `executor`, `address` and `cache` as in
+    [`featurize_sweep`][dtg_gpu.workflow.verdicts.featurize_sweep] (default here: no cache).
+    """
+    recipe = feature_recipe(features)
+    solver = _solver_options(solver)
     cache = default_cache(runs, cache)
     runs = list(runs)
     if not runs:
         raise ValueError("featurize needs at least one run; the sweep is empty")
     alpha = check_alpha(alpha)
-    check_solver_args(tol, max_iter, method)
-    shortest = min(runs, key=len)
-    k = len(shortest) if timesteps is None else timesteps
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"timesteps must be a positive integer, got {timesteps!r}")
-    if timesteps is None and len(max(runs, key=len)) != k:
-        warnings.warn(
-            f"runs have {k} to {len(max(runs, key=len))} checkpoints; using the first {k} of "
-            f"each (run {shortest.name!r} is the shortest): pass timesteps= to choose",
-            DTGWarning,
-            stacklevel=3,
-        )
-    short = [r for r in runs if len(r) < k]
-    if short:
-        raise InsufficientCheckpointsError(
-            f"timesteps={k} but run {short[0].name!r} has only {len(short[0])} checkpoints"
-            + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else "")
-        )
-    if executor == "ray":  # each task resolves it on its node
-        dev = None if device is None else parse_device(device)
-    else:
-        dev = resolve_device(device)
+    k = _timesteps(runs, timesteps)
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    dev = (None if device is None else parse_device(device)) if executor == "ray" else resolve_device(device)
     failures: dict[str, str] = {}
     failed_rows: list[int] = []
+
+    def fail(i: int, reason: str) -> None:
+        failures[unique_name(runs[i], i, failures)] = reason
+        failed_rows.append(i)
+
     cov, missing = covariate_matrix(runs, covariates)
     for i, reason in missing.items():
         if strict:
             raise ValueError(reason)
-        failures[unique_name(runs[i], i, failures)] = reason
-        failed_rows.append(i)
-    groups: dict[int, list[int]] = {}
-    topos: dict[int, ChannelTopology] = {}
-    for i, run in enumerate(runs):
-        if i in missing:
-            continue
-        try:
-            topo = run.topology.folded if fold_batchnorm else run.topology
-        except READ_ERRORS as exc:
-            if strict:
-                raise
-            failures[unique_name(run, i, failures)] = f"{type(exc).__name__}: {exc}"
-            failed_rows.append(i)
-            continue
-        groups.setdefault(id(topo), []).append(i)
-        topos[id(topo)] = topo
-    widths = {len(layer_node_groups(t)) for t in topos.values()} if per_layer else set()
-    if len(widths) > 1:
-        raise ValueError(
-            f"per_layer=True (the default features) needs runs with the same number of layers of >= 3 nodes; "
-            f"got {sorted(widths)}: featurize runs of one architecture at a time, or pass features='spec'"
-        )
+        fail(i, reason)
+    groups = _architecture_groups(runs, recipe, set(missing), strict, fail)
     settings = SolveSettings(
         k=k,
-        dtype=check_dtype(dtype),
-        tol=tol,
-        max_iter=max_iter,
-        method=method,
-        per_layer=per_layer,
-        eigenvalue=eigenvalue,
-        fold_batchnorm=bool(fold_batchnorm),
+        solver=solver,
+        per_layer=recipe.per_layer,
+        eigenvalue=recipe.eigenvalue,
+        fold_batchnorm=recipe.fold_batchnorm,
     )
-    if executor not in ("local", "ray"):
-        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     stats, why = featurize_runs(
-        runs,
-        [(topos[key], idx) for key, idx in groups.items()],
-        settings,
-        dev,
-        chunk_size=chunk_size,
-        cache=cache,
-        executor=executor,
-        address=address,
-        progress=progress,
-        strict=strict,
+        runs, groups, settings, dev, cache=cache, executor=executor, address=address, progress=progress, strict=strict
     )
     for i in sorted(why):
-        failures[unique_name(runs[i], i, failures)] = why[i]
-        failed_rows.append(i)
+        fail(i, why[i])
     if failed_rows:
         stats[failed_rows] = float("nan")
     feats = temporal_features(stats, alpha)
@@ -537,8 +419,60 @@ def featurize_with_failures(
         block_widths.append(cov.shape[1])
         feats = torch.cat([feats, cov.to(feats.dtype)], 1)
     # the feature sets, in order: PerformancePredictor(blocks="auto") gives each a model of its own
-    feats.column_blocks = tuple(w for w in block_widths if w)  # type: ignore[attr-defined]
-    return feats, stats, failures
+    blocks = tuple(w for w in block_widths if w)
+    feats.column_blocks = blocks  # type: ignore[attr-defined]
+    return FeatureResult(features=feats, statistics=stats, failures=failures, column_blocks=blocks)
+
+
+def _timesteps(runs: list[Run], timesteps: int | None) -> int:
+    """`k`: `timesteps`, or the shortest run's length (with a warning when runs differ)."""
+    shortest = min(runs, key=len)
+    if timesteps is None:
+        k = len(shortest)
+        if len(max(runs, key=len)) != k:
+            warnings.warn(
+                f"runs have {k} to {len(max(runs, key=len))} checkpoints; using the first {k} of "
+                f"each (run {shortest.name!r} is the shortest): pass timesteps= to choose",
+                DTGWarning,
+                stacklevel=4,
+            )
+    else:
+        k = check_int("timesteps", timesteps)
+    short = [r for r in runs if len(r) < k]
+    if short:
+        raise InsufficientCheckpointsError(
+            f"timesteps={k} but run {short[0].name!r} has only {len(short[0])} checkpoints"
+            + (f" ({len(short) - 1} more runs are too short)" if len(short) > 1 else "")
+        )
+    return k
+
+
+def _architecture_groups(
+    runs: list[Run], recipe: FeatureRecipe, skip: set[int], strict: bool, fail: Any
+) -> list[tuple[ChannelTopology, list[int]]]:
+    """The runs' rows grouped by architecture (traced once each; a run that cannot be traced
+    fails), checked to give rows of one width."""
+    groups: dict[int, list[int]] = {}
+    topos: dict[int, ChannelTopology] = {}
+    for i, run in enumerate(runs):
+        if i in skip:
+            continue
+        try:
+            topo = run.topology.folded if recipe.fold_batchnorm else run.topology
+        except READ_ERRORS as exc:
+            if strict:
+                raise
+            fail(i, f"{type(exc).__name__}: {exc}")
+            continue
+        groups.setdefault(id(topo), []).append(i)
+        topos[id(topo)] = topo
+    widths = {len(layer_node_groups(t)) for t in topos.values()} if recipe.per_layer else set()
+    if len(widths) > 1:
+        raise ValueError(
+            f"per_layer=True (the default features) needs runs with the same number of layers of >= 3 nodes; "
+            f"got {sorted(widths)}: featurize runs of one architecture at a time, or pass features='spec'"
+        )
+    return [(topos[key], idx) for key, idx in groups.items()]
 
 
 def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list[int], strict: bool) -> torch.Tensor:
@@ -602,7 +536,7 @@ def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.T
         found = False
         for i, run in enumerate(runs):
             v = run.meta.get(name) if isinstance(run.meta, dict) else None
-            x = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+            x = float(v) if is_number(v) else math.nan
             if name in LOG_COVARIATES:
                 x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
             if math.isfinite(x):

@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
+
+from dtg_gpu.core.validation import is_int, is_number
 
 __all__ = ["EigenResult", "solve_perron", "eigenvector_centrality", "attainable_tol"]
 
@@ -77,9 +78,9 @@ def check_solver_args(tol: Any, max_iter: Any, method: Any) -> None:
         `tol` not a positive number, `max_iter` not a positive integer, or an unknown
         `method`; the message names the argument and the value.
     """
-    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating)) or not tol > 0:
+    if not is_number(tol) or not tol > 0:
         raise ValueError(f"tol must be a positive number, got {tol!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+    if not is_int(max_iter) or max_iter < 1:
         raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
     if method not in METHODS:
         raise ValueError(f"method must be 'auto', 'lanczos' or 'networkx', got {method!r}")
@@ -462,6 +463,42 @@ def eigenvector_centrality(
     >>> res.converged
     tensor([True])
     """
+    ei, ew, num_nodes = _coalesced_edges(edge_index, edge_weight, num_nodes, batch, dtype, validate_args)
+    dtype = dtype or (
+        edge_weight.dtype if edge_weight is not None and edge_weight.is_floating_point() else torch.float32
+    )
+    device, e = edge_index.device, edge_index.shape[1]
+    batch, num_graphs, counts = _graph_of_each_node(batch, ei, num_nodes, num_graphs, validate_args)
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    width = int(counts.max())
+    slot = batch * width + (torch.arange(num_nodes, device=device) - ptr[batch])
+    # each graph divided by the power of two above its largest weight: exact, and no
+    # product can overflow or underflow whatever the weights' scale (centrality is scale-free)
+    peak = torch.zeros(num_graphs, dtype=torch.float64, device=device)
+    if e:
+        peak = peak.scatter_reduce(0, batch[ei[0]], ew.double(), reduce="amax")
+    exponent = torch.frexp(peak).exponent
+    scale = torch.ldexp(torch.ones_like(peak), exponent)
+    inv = torch.ldexp(torch.ones_like(peak), -exponent)
+    if ew.dtype != torch.float64 and bool((exponent.abs() > 100).any()):
+        ew = ew.double()
+    ew = (ew * inv.to(ew.dtype)[batch[ei[0]]]).to(dtype)
+    op = _SparseBatchOperator(slot[ei[0]], slot[ei[1]], ew, num_graphs * width, dtype, scale)
+    mask = torch.arange(width, device=device)[None, :] < counts[:, None]
+    res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
+    return res.vector.reshape(-1)[slot], res
+
+
+def _coalesced_edges(
+    edge_index: torch.Tensor,
+    edge_weight: torch.Tensor | None,
+    num_nodes: int | None,
+    batch: torch.Tensor | None,
+    dtype: torch.dtype | None,
+    validate_args: bool,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """[`eigenvector_centrality`][dtg_gpu.eigenvector_centrality]'s edges checked and coalesced
+    (duplicates summed): `(edge_index, edge_weight, num_nodes)`."""
     from torch_geometric.utils import coalesce
 
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
@@ -495,6 +532,15 @@ def eigenvector_centrality(
             "the adjacency is not symmetric: list both directions of every "
             "undirected edge (torch_geometric.utils.to_undirected)"
         )
+    return ei, ew, num_nodes
+
+
+def _graph_of_each_node(
+    batch: torch.Tensor | None, ei: torch.Tensor, num_nodes: int, num_graphs: int | None, validate_args: bool
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """`batch` checked (or one graph): `(batch, num_graphs, nodes per graph)`."""
+    device = ei.device
+    e = ei.shape[1]
     if batch is None:
         batch = torch.zeros(num_nodes, dtype=torch.long, device=device)
         num_graphs = 1
@@ -508,21 +554,4 @@ def eigenvector_centrality(
         raise ValueError("some graph of the batch has no nodes")
     if validate_args and e and bool((batch[ei[0]] != batch[ei[1]]).any()):
         raise ValueError("an edge joins nodes of two different graphs of the batch")
-    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    width = int(counts.max())
-    slot = batch * width + (torch.arange(num_nodes, device=device) - ptr[batch])
-    # each graph divided by the power of two above its largest weight: exact, and no
-    # product can overflow or underflow whatever the weights' scale (centrality is scale-free)
-    peak = torch.zeros(num_graphs, dtype=torch.float64, device=device)
-    if e:
-        peak = peak.scatter_reduce(0, batch[ei[0]], ew.double(), reduce="amax")
-    exponent = torch.frexp(peak).exponent
-    scale = torch.ldexp(torch.ones_like(peak), exponent)
-    inv = torch.ldexp(torch.ones_like(peak), -exponent)
-    if ew.dtype != torch.float64 and bool((exponent.abs() > 100).any()):
-        ew = ew.double()
-    ew = (ew * inv.to(ew.dtype)[batch[ei[0]]]).to(dtype)
-    op = _SparseBatchOperator(slot[ei[0]], slot[ei[1]], ew, num_graphs * width, dtype, scale)
-    mask = torch.arange(width, device=device)[None, :] < counts[:, None]
-    res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
-    return res.vector.reshape(-1)[slot], res
+    return batch, num_graphs, counts

@@ -54,7 +54,7 @@ def test_networkx_method_matches_networkx_power_iteration():
 def test_batched_equals_looped_and_featurize_batches_runs(device):
     model = MODELS["resnet20"]()
     runs = [Run(model=model, checkpoints=make_checkpoints(model, t=3, seed=s), name=f"r{s}") for s in range(3)]
-    kw = dict(device=device, dtype=torch.float64, tol=1e-12)
+    kw = dict(device=device, solver=dtg_gpu.SolverOptions(dtype=torch.float64, tol=1e-12))
     whole = analyze(runs[0], **kw)
     for t in range(3):
         one = analyze(Run(model=model, checkpoints=[runs[0].checkpoints[t]]), **kw)
@@ -66,7 +66,9 @@ def test_batched_equals_looped_and_featurize_batches_runs(device):
     for i, run in enumerate(runs):
         np.testing.assert_allclose(feats[i].numpy(), analyze(run, alpha=0.5, **kw).features.numpy(), atol=1e-10)
     # option beyond SPEC: log(lambda_1) as a sixth statistic, smoothed like the others
-    six = dtg_gpu.featurize(runs, timesteps=3, alpha=0.5, eigenvalue=True, features="spec", **kw).view(3, 3, 6)
+    six = dtg_gpu.featurize(
+        runs, timesteps=3, alpha=0.5, features=dtg_gpu.feature_recipe("spec", eigenvalue=True), **kw
+    ).view(3, 3, 6)
     np.testing.assert_allclose(six[..., :5].reshape(3, 15).numpy(), feats.numpy(), atol=1e-12)
     lam = np.log(analyze(runs[1], **kw).eigenvalue.numpy())
     want = [lam[0], 0.5 * lam[1] + 0.5 * lam[0], 0.5 * lam[2] + 0.25 * lam[1] + 0.25 * lam[0]]
@@ -99,12 +101,13 @@ def test_pipeline_chunks_batch_large_graphs_and_stay_within_the_budget():
 def test_per_layer_statistics_option_matches_scipy_per_layer():
     model = LeNet5()
     runs = [Run(model=model, checkpoints=make_checkpoints(model, t=2, seed=s), name=f"r{s}") for s in range(2)]
-    kw = dict(device="cpu", dtype=torch.float64, tol=1e-12)
+    kw = dict(device="cpu", solver=dtg_gpu.SolverOptions(dtype=torch.float64, tol=1e-12))
     groups = dtg_gpu.features.statistics.layer_node_groups(runs[0].topology)
     assert [len(idx) for _, idx in groups] == [6, 16, 120, 84, 10]  # the 1-node input is left out
-    X, st = dtg_gpu.featurize(
-        runs, alpha=1.0, per_layer=True, eigenvalue=True, return_stats=True, features="spec", **kw
+    res = dtg_gpu.extract_features(
+        runs, alpha=1.0, features=dtg_gpu.feature_recipe("spec", per_layer=True, eigenvalue=True), **kw
     )
+    X, st = res.features, res.statistics
     assert X.shape == (2, 2 * (5 + 25 + 1)) and st.shape == (2, 2, 31)
     c = analyze(runs[1], **kw).centrality.numpy()
     for li, (_, idx) in enumerate(groups):

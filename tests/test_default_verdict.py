@@ -33,19 +33,25 @@ def test_the_default_recipe_is_folded_per_layer_eigenvalue_and_weight_statistics
     k = 3
     X = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu")
     dtg = dtg_gpu.featurize(
-        bn_runs, timesteps=k, device="cpu", features="spec", per_layer=True, eigenvalue=True, fold_batchnorm=True
+        bn_runs,
+        timesteps=k,
+        device="cpu",
+        features=FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=True, weight_stats=False),
     )
     ws = torch.as_tensor(weight_statistics(list(bn_runs), k), dtype=X.dtype)
     torch.testing.assert_close(X, torch.cat([dtg, ws], 1))
     assert FEATURE_RECIPES["default"] == FeatureRecipe(True, True, True, True)
     # the fold matters on a batch-norm net: the unfolded graph gives other numbers
-    unfolded = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", fold_batchnorm=False)
+    unfolded = dtg_gpu.featurize(
+        bn_runs, timesteps=k, device="cpu", features=feature_recipe("default", fold_batchnorm=False)
+    )
     assert unfolded.shape == X.shape and not torch.allclose(unfolded, X)
 
 
 def test_the_seeds_method_is_one_argument_away_and_exact(bn_runs):
     k = 3
-    X, stats = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", features="spec", return_stats=True)
+    res = dtg_gpu.extract_features(bn_runs, k, device="cpu", features="spec")
+    X, stats = res.features, res.statistics
     assert X.shape == (len(bn_runs), 5 * k) and stats.shape == (len(bn_runs), k, 5)
     torch.testing.assert_close(X, temporal_features(stats, 0.5))
     for i, run in enumerate(bn_runs):  # the five statistics of analyze, checkpoint by checkpoint
@@ -115,7 +121,7 @@ def test_cli_featurize_names_every_column(bn_runs, tmp_path):
 
 def test_featurize_marks_its_feature_sets_and_the_default_gives_each_a_model(bn_runs, tmp_path):
     X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", covariates=["lr"])
-    dtg = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", weight_stats=False)
+    dtg = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", features=feature_recipe("default", weight_stats=False))
     assert X.column_blocks == (dtg.shape[1], X.shape[1] - dtg.shape[1] - 1, 1)
     assert sum(X.column_blocks) == X.shape[1]
     y = np.array([1, 0, 0, 1, 0, 1])[: len(bn_runs)]

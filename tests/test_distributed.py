@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 
 from ray_helpers import BrokenRun, slow  # noqa: E402
 
+from dtg_gpu import SolverOptions
 from dtg_gpu.cli.main import main  # noqa: E402
 from dtg_gpu.engine import executors  # noqa: E402
 from dtg_gpu.engine.cache import CACHE_DIRNAME  # noqa: E402
@@ -90,8 +91,8 @@ def mixed_runs(path: Path, vgg: Path) -> SweepRuns:
 # ------------------------------------------------------------------------------ cache
 def test_cache_resumes_bit_identical_and_never_reads_stale_entries(copy_of, monkeypatch):
     path = copy_of()
-    fresh = featurize_sweep(load_sweep(path), cache=False, device="cpu", chunk_size=8)
-    first = featurize_sweep(load_sweep(path), device="cpu", chunk_size=8)
+    fresh = featurize_sweep(load_sweep(path), cache=False, device="cpu", solver=SolverOptions(chunk_size=8))
+    first = featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(chunk_size=8))
     same_features(fresh, first)
     entries = sorted((path / CACHE_DIRNAME).glob("run-*/*.safetensors"))
     assert len(entries) == 6  # one per run
@@ -101,25 +102,25 @@ def test_cache_resumes_bit_identical_and_never_reads_stale_entries(copy_of, monk
     monkeypatch.setattr(
         executors, "iter_solve", lambda chunks, *a, **k: solved.append(len(chunks)) or real(chunks, *a, **k)
     )
-    again = featurize_sweep(load_sweep(path), device="cpu", chunk_size=8)
+    again = featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(chunk_size=8))
     same_features(fresh, again)
     assert solved == []  # everything from the cache
 
     # a rewritten checkpoint: its unit (2 runs of 4 checkpoints) is solved again
     ckpt = Path(load_sweep(path)[3].checkpoints[0])
     os.utime(ckpt, ns=(ckpt.stat().st_atime_ns, ckpt.stat().st_mtime_ns + 10**9))
-    same_features(fresh, featurize_sweep(load_sweep(path), device="cpu", chunk_size=8))
+    same_features(fresh, featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(chunk_size=8)))
     assert solved == [1]
     # damaged and foreign entries are misses, solved again, never an error
     entries[0].write_bytes(b"not a safetensors file")
     entries[5].write_bytes(entries[4].read_bytes())  # another run's entry under this name
     solved.clear()
-    same_features(fresh, featurize_sweep(load_sweep(path), device="cpu", chunk_size=8))
+    same_features(fresh, featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(chunk_size=8)))
     assert solved == [2]  # units 0 and 2, in one pipelined pass
     # other settings, another chunking: other keys
     solved.clear()
-    featurize_sweep(load_sweep(path), device="cpu", dtype=torch.float64, chunk_size=8)
-    featurize_sweep(load_sweep(path), device="cpu", chunk_size=4)
+    featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(dtype=torch.float64, chunk_size=8))
+    featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(chunk_size=4))
     assert solved == [3, 6]  # 3 units of 2 runs in float64; 6 units of one run
     assert len(list((path / CACHE_DIRNAME).glob("run-0000/*.safetensors"))) == 3
 
@@ -155,8 +156,10 @@ def test_ray_is_bit_identical_to_local_with_bad_runs_named(local_ray, copy_of, v
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FailedRunsWarning)
         for chunk in (None, 4):  # default plan (3 runs a unit) and one run a unit
-            local = featurize_sweep(runs, cache=False, device="cpu", chunk_size=chunk)
-            remote = featurize_sweep(runs, cache=False, device="cpu", chunk_size=chunk, executor="ray")
+            local = featurize_sweep(runs, cache=False, device="cpu", solver=SolverOptions(chunk_size=chunk))
+            remote = featurize_sweep(
+                runs, cache=False, device="cpu", solver=SolverOptions(chunk_size=chunk), executor="ray"
+            )
             same_features(local, remote)
             assert list(local.failed) == [runs[2].name] and not local.usable[2]
             assert str(runs[2].checkpoints[1]) in local.failed[runs[2].name]
@@ -164,19 +167,19 @@ def test_ray_is_bit_identical_to_local_with_bad_runs_named(local_ray, copy_of, v
 
 def test_ray_writes_the_cache_local_reads_it(local_ray, copy_of, monkeypatch):
     path = copy_of()
-    remote = featurize_sweep(load_sweep(path), device="cpu", executor="ray", chunk_size=4)
+    remote = featurize_sweep(load_sweep(path), device="cpu", executor="ray", solver=SolverOptions(chunk_size=4))
     assert len(list((path / CACHE_DIRNAME).glob("run-*/*.safetensors"))) == 6
     monkeypatch.setattr(executors, "iter_solve", lambda *a, **k: pytest.fail("solved again"))
-    same_features(remote, featurize_sweep(load_sweep(path), device="cpu", chunk_size=4))
+    same_features(remote, featurize_sweep(load_sweep(path), device="cpu", solver=SolverOptions(chunk_size=4)))
 
 
 def test_a_task_that_raises_names_its_runs_and_the_rest_finish(local_ray, copy_of):
     path = copy_of()
     runs = load_sweep(path)
     runs[1] = BrokenRun(model=runs[1].model, checkpoints=runs[1].checkpoints, name=runs[1].name, meta=runs[1].meta)
-    local = featurize_sweep(load_sweep(path), cache=False, device="cpu", chunk_size=4)
+    local = featurize_sweep(load_sweep(path), cache=False, device="cpu", solver=SolverOptions(chunk_size=4))
     with pytest.warns(FailedRunsWarning, match="reader exploded"):
-        got = featurize_sweep(runs, cache=False, device="cpu", chunk_size=4, executor="ray")
+        got = featurize_sweep(runs, cache=False, device="cpu", solver=SolverOptions(chunk_size=4), executor="ray")
     assert list(got.failed) == [runs[1].name] and "RuntimeError" in got.failed[runs[1].name]
     keep = [i for i in range(6) if i != 1]
     same(got.stats[keep], local.stats[keep])
@@ -197,7 +200,7 @@ def test_runs_held_in_memory_are_refused_with_their_name(local_ray):
 
 def test_a_killed_worker_is_retried_and_the_result_is_complete(local_ray, copy_of, tmp_path):
     path = copy_of()
-    expected = featurize_sweep(load_sweep(path), cache=False, device="cpu", chunk_size=4)
+    expected = featurize_sweep(load_sweep(path), cache=False, device="cpu", solver=SolverOptions(chunk_size=4))
     pid_file = tmp_path / "pid"
     runs = slow(load_sweep(path), delay=0.4, pid_file=str(pid_file))
     killed = []
@@ -212,7 +215,7 @@ def test_a_killed_worker_is_retried_and_the_result_is_complete(local_ray, copy_o
 
     t = threading.Thread(target=killer)
     t.start()
-    got = featurize_sweep(runs, device="cpu", chunk_size=4, executor="ray")
+    got = featurize_sweep(runs, device="cpu", solver=SolverOptions(chunk_size=4), executor="ray")
     t.join()
     assert killed and killed[0] != os.getpid()
     same_features(expected, got)
@@ -221,7 +224,7 @@ def test_a_killed_worker_is_retried_and_the_result_is_complete(local_ray, copy_o
 
 def test_a_killed_driver_resumes_where_it_stopped(copy_of):
     path = copy_of()
-    expected = featurize_sweep(load_sweep(path), cache=False, device="cpu", chunk_size=4)
+    expected = featurize_sweep(load_sweep(path), cache=False, device="cpu", solver=SolverOptions(chunk_size=4))
     env = {**os.environ, "PYTHONPATH": f"{HERE}:{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "ray_driver.py"), str(path), "1.0"],
@@ -240,7 +243,7 @@ def test_a_killed_driver_resumes_where_it_stopped(copy_of):
         out = proc.communicate()[0].decode(errors="replace")
     before = {p: p.stat().st_mtime_ns for p in cache.glob("run-*/*.safetensors")}
     assert 1 <= len(before) < 6, out[-2000:]
-    got = featurize_sweep(slow(load_sweep(path)), device="cpu", chunk_size=4)
+    got = featurize_sweep(slow(load_sweep(path)), device="cpu", solver=SolverOptions(chunk_size=4))
     same_features(expected, got)
     assert all(p.stat().st_mtime_ns == ns for p, ns in before.items())  # cached runs not solved again
     assert len(list(cache.glob("run-*/*.safetensors"))) == 6

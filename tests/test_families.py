@@ -198,13 +198,18 @@ def test_featurize_folded_equals_a_network_without_batchnorm_holding_the_folded_
         plain_states.append(plain.state_dict())
     run = Run(_conv_bn_net(affine=affine), states, name="bn")
     ref = Run(_conv_bn_net(bn=False), plain_states, name="plain")
-    kw = dict(device="cpu", dtype=torch.float64, tol=1e-12, features="spec")  # the graph's features only
-    got = dtg_gpu.featurize([run], fold_batchnorm=True, **kw)
+    solver = dtg_gpu.SolverOptions(dtype=torch.float64, tol=1e-12)
+    kw = dict(device="cpu", solver=solver, features="spec")  # the graph's features only
+    got = dtg_gpu.featurize([run], **{**kw, "features": dtg_gpu.feature_recipe("spec", fold_batchnorm=True)})
     want = dtg_gpu.featurize([ref], **kw)
     torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
     # the default recipe folds too: its graph columns are the folded graph's
-    default = dtg_gpu.featurize([run], device="cpu", dtype=torch.float64, tol=1e-12, weight_stats=False)
-    folded_rich = dtg_gpu.featurize([ref], per_layer=True, eigenvalue=True, **kw)
+    default = dtg_gpu.featurize(
+        [run], device="cpu", solver=solver, features=dtg_gpu.feature_recipe("default", weight_stats=False)
+    )
+    folded_rich = dtg_gpu.featurize(
+        [ref], **{**kw, "features": dtg_gpu.feature_recipe("spec", per_layer=True, eigenvalue=True)}
+    )
     torch.testing.assert_close(default, folded_rich, rtol=1e-7, atol=1e-9)
     unfolded = dtg_gpu.featurize([run], **kw)
     assert not torch.allclose(unfolded, want, atol=1e-3)
@@ -267,7 +272,9 @@ def test_fold_batchnorm_reads_the_running_variance_from_each_checkpoint():
     run = Run(_conv_bn_net(), [state, broken], name="r")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        X = dtg_gpu.featurize([run], timesteps=2, fold_batchnorm=True, device="cpu")
+        X = dtg_gpu.featurize(
+            [run], timesteps=2, features=dtg_gpu.feature_recipe("default", fold_batchnorm=True), device="cpu"
+        )
     assert torch.isnan(X).all()  # one unreadable checkpoint fails its run, named
     msg = [str(w.message) for w in caught if issubclass(w.category, FailedRunsWarning)]
     assert msg and "1.running_var" in msg[0]
@@ -417,9 +424,11 @@ def test_checkpoint_records_carry_the_folded_graph_for_batch_norm_nets():
     run = Run(_conv_bn_net(), states, name="bn")
     recs = run_records(run, device="cpu")
     assert all(set(r) == {"dtg", "per_layer", "log_eigenvalue", "weight_stats", "folded", "architecture"} for r in recs)
-    _, folded = dtg_gpu.featurize(
-        [run], fold_batchnorm=True, per_layer=True, eigenvalue=True, device="cpu", return_stats=True
-    )
+    folded = dtg_gpu.extract_features(
+        [run],
+        features=dtg_gpu.feature_recipe("spec", fold_batchnorm=True, per_layer=True, eigenvalue=True),
+        device="cpu",
+    ).statistics
     got = torch.tensor(
         [r["folded"]["dtg"] + r["folded"]["per_layer"] + [r["folded"]["log_eigenvalue"]] for r in recs],
         dtype=torch.float64,

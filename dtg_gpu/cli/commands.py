@@ -124,16 +124,16 @@ def _load_sweep(a):
 def _sweep_features(a, runs):
     """Featurise `runs` with the command's flags: `(X, statistic names, k, usable)`;
     `usable[i]` is False for a run that could not be read or solved (its row is NaN)."""
-    from dtg_gpu.analysis import featurize_with_failures
+    from dtg_gpu.analysis import extract_features
     from dtg_gpu.core.failures import warn_failures
     from dtg_gpu.exceptions import TopologyError
     from dtg_gpu.features.layout import StatisticsLayout
     from dtg_gpu.features.temporal import feature_recipe
 
     recipe = _recipe(a)
-    X, _, failures = featurize_with_failures(
+    res = extract_features(
         runs,
-        timesteps=a.timesteps,
+        a.timesteps,
         alpha=a.alpha,
         device=a.device,
         progress=True,
@@ -142,6 +142,7 @@ def _sweep_features(a, runs):
         features=feature_recipe(recipe),
         **_executor(a),
     )
+    X, failures = res.features, res.failures
     warn_failures(failures)
     usable = np.array([r.name not in failures for r in runs], dtype=bool)
     if not usable.any():

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 OOM_HINT = (
     "use --device cpu (usually more memory than a GPU), fewer --timesteps, or fewer runs at a time "
-    "(featurize_sweep(chunk_size=...) in Python)"
+    "(featurize_sweep(solver=SolverOptions(chunk_size=...)) in Python)"
 )
 OOM_MARKS = ("out of memory", "can't allocate memory", "CUDA out of memory", "not enough memory")
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dtg_gpu.core.validation import is_int
 from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.temporal import check_alpha, temporal_features
 
@@ -97,8 +98,9 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     CheckpointError, TopologyError
         A checkpoint cannot be read or the model cannot be traced (names it).
     """
-    from dtg_gpu.analysis import featurize_with_failures
+    from dtg_gpu.analysis import extract_features
     from dtg_gpu.features.baselines import tensor_statistics
+    from dtg_gpu.features.temporal import FeatureRecipe
     from dtg_gpu.io.checkpoints import Run
     from dtg_gpu.predictor.estimator import architecture_signature
 
@@ -116,16 +118,8 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     layout = StatisticsLayout.of(part.topology, per_layer=True, eigenvalue=True)
 
     def solve(fold: bool) -> list[dict]:
-        _, stats, _ = featurize_with_failures(
-            [part],
-            timesteps=len(part),
-            eigenvalue=True,
-            per_layer=True,
-            device=device,
-            strict=True,
-            fold_batchnorm=fold,
-            features="spec",
-        )
+        recipe = FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=fold, weight_stats=False)
+        stats = extract_features([part], len(part), features=recipe, device=device, strict=True).statistics
         return _statistics_blocks(stats[0], layout)
 
     folds = any(layer.batchnorm for layer in part.topology.layers)
@@ -148,9 +142,10 @@ def many_run_records(
     statistics are `None` (half the time of a pass goes to their quantiles; a rule that
     does not read them, [`StoppingRule.needs_weight_stats`][dtg_gpu.early_stopping.rule.StoppingRule.needs_weight_stats], skips them).
     """
-    from dtg_gpu.analysis import featurize_with_failures
+    from dtg_gpu.analysis import extract_features
     from dtg_gpu.core.failures import READ_ERRORS
     from dtg_gpu.features.baselines import tensor_statistics
+    from dtg_gpu.features.temporal import FeatureRecipe
     from dtg_gpu.io.checkpoints import Run
     from dtg_gpu.predictor.estimator import architecture_signature
 
@@ -181,17 +176,10 @@ def many_run_records(
         solved = {}
         failures: dict[str, str] = {}
         for fold in (False, True) if folds else (False,):
-            _, stats, why = featurize_with_failures(
-                batch,
-                timesteps=k,
-                eigenvalue=True,
-                per_layer=True,
-                device=device,
-                fold_batchnorm=fold,
-                features="spec",
-            )
-            solved[fold] = stats
-            failures.update(why)
+            recipe = FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=fold, weight_stats=False)
+            res = extract_features(batch, k, features=recipe, device=device)
+            solved[fold] = res.statistics
+            failures.update(res.failures)
         arch = architecture_key(architecture_signature(topo))
         for j, i in enumerate(idx):
             part = parts[i]
@@ -466,7 +454,7 @@ class StoppingRule:
         for name in ("patience", "n_startup_trials", "n_warmup_steps", "n_peers"):
             v = getattr(self, name)
             positive = name in ("patience", "n_peers")
-            if isinstance(v, bool) or not isinstance(v, int) or v < int(positive):
+            if not is_int(v) or v < int(positive):
                 raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} integer, got {v!r}")
         if not (
             self.threshold == "median"
@@ -488,7 +476,7 @@ class StoppingRule:
         if self.predictor is not None:
             fs = getattr(self.predictor, "feature_settings", None) or {}
             k = fs.get("timesteps")
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not hasattr(self.predictor, "classes_"):
+            if not is_int(k) or k < 1 or not hasattr(self.predictor, "classes_"):
                 raise ValueError(
                     "predictor must be a fitted PerformancePredictor with feature_settings "
                     "(timesteps, alpha), as `dtg train` saves it"

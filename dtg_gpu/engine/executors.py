@@ -50,9 +50,7 @@ def _solve_local(
                 chunks.append(c)
                 owner.append(j)
         parts: list[GraphBatchResult] = []
-        solved = iter_solve(
-            chunks, group[0].topology, device=device, dtype=s.dtype, tol=s.tol, max_iter=s.max_iter, method=s.method
-        )
+        solved = iter_solve(chunks, group[0].topology, device=device, solver=s.solver)
         for i, part in enumerate(solved):
             parts.append(part)
             if progress is not None:

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from dtg_gpu.centrality import Method, solve_perron
-from dtg_gpu.core.devices import check_dtype
+from dtg_gpu.centrality import solve_perron
 from dtg_gpu.core.failures import READ_ERRORS
+from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.exceptions import (
     ConvergenceWarning,
     DisconnectedGraphWarning,
@@ -34,7 +34,6 @@ __all__ = [
     "Unit",
     "plan_units",
     "iter_solve",
-    "solve_timesteps",
     "scaled_blocks",
     "load_blocks",
 ]
@@ -115,7 +114,7 @@ def scaled_blocks(
     Blocks of a checkpoint with any NaN/Inf weight are zeroed so that they cannot leak into
     the other graphs of the batch.
 
-    `solve_timesteps` calls this in a background thread for the next chunk. The norms
+    `iter_solve` calls this in a background thread for the next chunk. The norms
     are taken checkpoint by checkpoint as the weights arrive (they come from
     separate files anyway) and only the blocks are stacked: stacking the raw weights first
     costs a copy of every weight (and as much memory again). Layers of
@@ -193,11 +192,6 @@ def _reachable_everywhere(op: BlockOperator, which: torch.Tensor) -> torch.Tenso
     return (r > 0).all(1) | ~which
 
 
-def _chunks(items: list, size: int) -> Iterator[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 def chunk_size_for(topology: ChannelTopology, dtype: torch.dtype, budget: int) -> int:
     """Graphs per chunk so that raw weights, blocks and Lanczos vectors fit `budget` bytes."""
     item = torch.finfo(dtype).bits // 8
@@ -271,17 +265,14 @@ def iter_solve(
     topology: ChannelTopology,
     *,
     device: torch.device,
-    dtype: torch.dtype,
-    tol: float,
-    max_iter: int,
-    method: Method,
+    solver: SolverOptions,
 ) -> Iterator[GraphBatchResult]:
     """Solve the given chunks of `(run, t)` pairs one batch each, in order; results on the CPU.
 
     The next chunk's checkpoints are read (and their filter norms taken) in a background
     thread while this one is solved.
     """
-    check_dtype(dtype)
+    dtype = solver.dtype
     chunks = [list(c) for c in chunks]
     structural = topology.structurally_connected()
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -297,7 +288,7 @@ def iter_solve(
             pending = pool.submit(load, chunks[i + 1]) if i + 1 < len(chunks) else None
             op = BlockOperator(topology, blocks, scale=scale)
             mask = torch.ones(len(chunk), topology.num_nodes, dtype=torch.bool, device=device)
-            res = solve_perron(op, mask, tol=tol, max_iter=max_iter, method=method)
+            res = solve_perron(op, mask, tol=solver.tol, max_iter=solver.max_iter, method=solver.method)
             connected = finite & (res.eigenvalue > 0) & structural
             zero = op.has_zero_weights() & connected
             if bool(zero.any()):
@@ -325,37 +316,6 @@ def concat_results(parts: Sequence[GraphBatchResult]) -> GraphBatchResult:
         for f in GraphBatchResult.__dataclass_fields__
     }
     return GraphBatchResult(**fields)
-
-
-def solve_timesteps(
-    items: Sequence[tuple[Run, int]],
-    topology: ChannelTopology,
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-    tol: float,
-    max_iter: int,
-    method: Method,
-    chunk_size: int | None = None,
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-    warn: bool = True,
-    progress=None,
-) -> GraphBatchResult:
-    """Solve the graphs of `(run, t)` pairs that share `topology`; results on the CPU."""
-    check_dtype(dtype)
-    items = list(items)
-    size = chunk_size or pipeline_chunk_size(topology, len(items), dtype, budget_bytes)
-    parts: list[GraphBatchResult] = []
-    for part in iter_solve(
-        list(_chunks(items, size)), topology, device=device, dtype=dtype, tol=tol, max_iter=max_iter, method=method
-    ):
-        parts.append(part)
-        if progress is not None:
-            progress.update(len(part.error))
-    out = concat_results(parts)
-    if warn:
-        warn_results(items, out)
-    return out
 
 
 def _read_weights(chunk, topology: ChannelTopology) -> tuple[list, list]:

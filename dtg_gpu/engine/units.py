@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from dtg_gpu.centrality import Method
 from dtg_gpu.engine.cache import CachedRun, FeatureCache, architecture_signature, run_id, unit_key
+from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.engine.solve import GraphBatchResult, Unit, concat_results, iter_solve, plan_units
 from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.statistics import layer_node_groups, layer_statistics, timestep_statistics
@@ -22,22 +22,23 @@ class SolveSettings:
     """What the statistics of a graph depend on (beyond its checkpoint and its batch)."""
 
     k: int
-    dtype: torch.dtype
-    tol: float
-    max_iter: int
-    method: Method
+    solver: SolverOptions
     per_layer: bool
     eigenvalue: bool
     fold_batchnorm: bool = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.solver.dtype
 
     def key(self) -> dict[str, Any]:
         folded = {"fold_batchnorm": True} if self.fold_batchnorm else {}  # absent: keys of older caches hold
         return {
             **folded,
-            "dtype": str(self.dtype),
-            "tol": float(self.tol),
-            "max_iter": int(self.max_iter),
-            "method": self.method,
+            "dtype": str(self.solver.dtype),
+            "tol": float(self.solver.tol),
+            "max_iter": int(self.solver.max_iter),
+            "method": self.solver.method,
             "per_layer": bool(self.per_layer),
             "eigenvalue": bool(self.eigenvalue),
         }
@@ -101,6 +102,19 @@ def unit_chunks(runs: Sequence[Run], unit: Unit, k: int) -> list[list[tuple[Run,
     return [[items[i] for i in rg] for rg in unit.chunks(k)]
 
 
+def solve_graphs(
+    runs: Sequence[Run], k: int, topology: ChannelTopology, device: torch.device, solver: SolverOptions
+) -> GraphBatchResult:
+    """The first `k` checkpoints of `runs` (one architecture), solved unit by unit as
+    `plan_units` says: the one solve path of [`analyze`][dtg_gpu.analyze], a Ray task, and
+    (pipelined over many units) the local featurisation. Results on the CPU, rows `run·k + t`."""
+    parts: list[GraphBatchResult] = []
+    for unit in plan_units(len(runs), k, topology, solver.dtype, solver.chunk_size):
+        chunks = unit_chunks(runs[unit.start : unit.stop], unit, k)
+        parts.extend(iter_solve(chunks, topology, device=device, solver=solver))
+    return concat_results(parts)
+
+
 def solve_unit(
     runs: Sequence[Run], unit: Unit, s: SolveSettings, device: torch.device, topology: ChannelTopology | None = None
 ) -> UnitResult:
@@ -108,17 +122,7 @@ def solve_unit(
     topo = topology or runs[0].topology
     if s.fold_batchnorm:
         topo = topo.folded  # a Ray task traces the architecture again: fold it there too
-    parts = list(
-        iter_solve(
-            unit_chunks(runs, unit, s.k),
-            topo,
-            device=device,
-            dtype=s.dtype,
-            tol=s.tol,
-            max_iter=s.max_iter,
-            method=s.method,
-        )
-    )
+    parts = list(iter_solve(unit_chunks(runs, unit, s.k), topo, device=device, solver=s.solver))
     return unit_result(concat_results(parts), len(runs), topo, s)
 
 

@@ -48,6 +48,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
+from dtg_gpu.core.validation import is_int, is_number
 from dtg_gpu.early_stopping.rule import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records", "trial_run"]
@@ -121,7 +122,7 @@ def checkpoint_folder(study) -> Path | None:
 
 
 def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if not is_int(step) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
     return int(step)
 
@@ -158,7 +159,7 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
     if value is not None:
         if len(study.directions) > 1:
             raise ValueError(_MULTI)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        if not is_number(value) or not math.isfinite(float(value)):
             raise ValueError(f"value must be a finite number, got {value!r}")
     state = {
         k: v.detach().to("cpu", copy=True).contiguous()

@@ -49,6 +49,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
 
+from dtg_gpu.core.validation import is_number
 from dtg_gpu.early_stopping.rule import StoppingRule, checkpoint_record, is_diverged, rule_params
 
 __all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
@@ -125,7 +126,7 @@ class _State:
 
     def value_of(self, result: dict) -> float | None:
         v = result.get(self.metric) if self.metric else None
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+        return float(v) if is_number(v) and math.isfinite(v) else None
 
     def observe(self, trial_id: str, config: dict, folder: Path | None, result: dict) -> bool:
         """Take one result; True to stop the trial."""

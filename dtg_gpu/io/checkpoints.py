@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from dtg_gpu.core.files import confined_path
+from dtg_gpu.core.validation import is_int, is_number
 from dtg_gpu.exceptions import CheckpointError, UnsafeCheckpointError
 from dtg_gpu.topology.trace import channel_topology
 from dtg_gpu.topology.types import ChannelTopology
@@ -516,7 +517,7 @@ def _lightning_position(path: Path) -> tuple[int, int]:
     except Exception as exc:
         raise CheckpointError(f"{path}: not a readable Lightning checkpoint: {_first_line(exc)}") from None
     epoch, step = (obj.get("epoch"), obj.get("global_step")) if isinstance(obj, Mapping) else (None, None)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, step)):
+    if not all(is_int(v) for v in (epoch, step)):
         raise CheckpointError(
             f"{path}: a Lightning checkpoint without integer 'epoch' and 'global_step': its time order cannot be told"
         )
@@ -654,7 +655,7 @@ def _check_meta(meta: Any, manifest: Path) -> dict:
     meta["model_kwargs"] = kw
     for field_name in ("final_accuracy", "test_accuracy"):
         v = meta.get(field_name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        if v is not None and (not is_number(v)):
             raise CheckpointError(f"{manifest}: field {field_name!r} must be a number or null, got {v!r}")
     if "checkpoints" in meta and not isinstance(meta["checkpoints"], list):
         raise CheckpointError(f"{manifest}: field 'checkpoints' must be a list")
@@ -782,7 +783,7 @@ class Run:
         acc = self.meta.get("final_accuracy", self.meta.get("test_accuracy"))
         if acc is None:
             return None
-        if isinstance(acc, bool) or not isinstance(acc, (int, float)):
+        if not is_number(acc):
             raise CheckpointError(f"run {self.name!r}: final_accuracy must be a number, got {acc!r}")
         return float(acc)
 

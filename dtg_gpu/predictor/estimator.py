@@ -30,7 +30,13 @@ from sklearn.model_selection import StratifiedShuffleSplit
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from dtg_gpu.core.validation import is_int, is_number
+
 __all__ = ["label_runs", "split_runs", "PerformancePredictor", "quantile_normal", "training_quantiles", "SCALINGS"]
+
+
+#: the recipe's flags a saved predictor records in its feature_settings
+FEATURE_FLAGS = ("per_layer", "eigenvalue", "fold_batchnorm", "weight_stats")
 
 
 def _threshold_value(acc: np.ndarray, threshold: float | str) -> float:
@@ -367,17 +373,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     def _check_params(self) -> None:
         if not (
             self.blocks in ("auto", None)
-            or (
-                isinstance(self.blocks, (list, tuple))
-                and all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in self.blocks)
-            )
+            or (isinstance(self.blocks, (list, tuple)) and all(is_int(w) for w in self.blocks))
         ):
             raise ValueError(f"blocks must be 'auto', None or a list of column widths, got {self.blocks!r}")
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {SCALINGS}, got {self.scaling!r}")
-        if self.select is not None and (
-            isinstance(self.select, bool) or not isinstance(self.select, (int, np.integer)) or self.select < 1
-        ):
+        if self.select is not None and (not is_int(self.select) or self.select < 1):
             raise ValueError(f"select must be None or a positive integer, got {self.select!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
@@ -399,11 +400,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             if not isinstance(self.column_sets, dict) or not self.column_sets:
                 raise ValueError("column_sets must be a non-empty dict of name -> list of column indices")
             for name, cols in self.column_sets.items():
-                if (
-                    isinstance(cols, (str, bytes))
-                    or not len(cols)
-                    or not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in cols)
-                ):
+                if isinstance(cols, (str, bytes)) or not len(cols) or not all(is_int(c) and c >= 0 for c in cols):
                     raise ValueError(f"column_sets[{name!r}] must be a non-empty list of column indices, got {cols!r}")
 
     #: The seed's classifier (step 5 of docs/method.md): an MLP with one hidden layer of 32, standard scaling.
@@ -607,8 +604,10 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         [`FailedRunsWarning`][dtg_gpu.exceptions.FailedRunsWarning]); `strict=True` raises instead. A
         diverged run (non-finite weights) is insufficient by rule, as in [`predict_proba`][dtg_gpu.PerformancePredictor.predict_proba].
         """
-        from dtg_gpu.analysis import featurize_with_failures
+        from dtg_gpu.analysis import extract_features
         from dtg_gpu.core.failures import READ_ERRORS, warn_failures
+        from dtg_gpu.engine.options import SolverOptions
+        from dtg_gpu.features.temporal import FeatureRecipe
 
         fs = self.feature_settings or {}
         if "timesteps" not in fs or "alpha" not in fs:
@@ -617,9 +616,9 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 "featurise the runs yourself and call predict_proba"
             )
         k, alpha = fs["timesteps"], fs["alpha"]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not is_int(k) or k < 1:
             raise ValueError(f"this predictor's feature_settings.timesteps is not a positive integer: {k!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+        if not is_number(alpha) or not 0 < alpha <= 1:
             raise ValueError(f"this predictor's feature_settings.alpha is not in (0, 1]: {alpha!r}")
         covariates = fs.get("covariates") or []
         if not isinstance(covariates, list) or not all(isinstance(c, str) for c in covariates):
@@ -652,23 +651,20 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         todo_idx = [i for i, r in enumerate(runs) if r.name not in failures]
         proba = np.full((len(runs), len(self.classes_)), np.nan)
         if todo_idx:
-            X, _, more = featurize_with_failures(
+            # every flag explicit: a file saved before the default recipe reads the same
+            recipe = FeatureRecipe(**{f: bool(fs.get(f, False)) for f in FEATURE_FLAGS})
+            res = extract_features(
                 [runs[i] for i in todo_idx],
-                timesteps=k,
+                k,
+                features=recipe,
                 alpha=float(alpha),
                 device=device,
-                tol=float(fs.get("tol", 1e-6)),
-                method=fs.get("method", "auto"),
-                eigenvalue=bool(fs.get("eigenvalue", False)),
-                per_layer=bool(fs.get("per_layer", False)),
+                solver=SolverOptions(tol=float(fs.get("tol", 1e-6)), method=fs.get("method", "auto")),
                 strict=strict,
-                fold_batchnorm=bool(fs.get("fold_batchnorm", False)),
-                weight_stats=bool(fs.get("weight_stats", False)),
-                features="spec",  # every flag explicit: a file saved before the default recipe reads the same
                 covariates=covariates,
             )
-            failures.update(more)
-            proba[todo_idx] = self.predict_proba(X.double().numpy())
+            failures.update(res.failures)
+            proba[todo_idx] = self.predict_proba(res.features.double().numpy())
         warn_failures(failures, stacklevel=2)
         proba[[r.name in failures for r in runs]] = np.nan
         return proba
@@ -753,9 +749,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if not isinstance(params, dict) or not set(params) <= known:
             raise bad(f"params must be an object with keys among {sorted(known)}")
         hidden = params.get("hidden_sizes", (32,))
-        if not isinstance(hidden, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 65536 for h in hidden
-        ):
+        if not isinstance(hidden, list) or not all(is_int(h) and 1 <= h <= 65536 for h in hidden):
             raise bad(f"hidden_sizes must be a list of integers in [1, 65536], got {hidden!r}")
         params["hidden_sizes"] = tuple(hidden)
         if isinstance(params.get("blocks"), list):
@@ -776,7 +770,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         ):
             raise bad(f"classes must list at least two distinct labels, got {classes!r}")
         d = meta.get("n_features_in")
-        if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= 10_000_000:
+        if not is_int(d) or not 1 <= d <= 10_000_000:
             raise bad(f"n_features_in must be a positive integer, got {d!r}")
         fitted = meta.get("fitted", {"scaling": clf.scaling, "select": clf.select})  # files before auto
         if (
@@ -849,7 +843,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if blocks is not None and (
             not isinstance(blocks, list)
             or len(blocks) < 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in blocks)
+            or not all(is_int(w) and w >= 1 for w in blocks)
             or sum(blocks) != clf.selected_.size
             or n_out != 1
             or clf.hidden_sizes

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dtg_gpu.core.validation import is_int, is_number
+
 __all__ = ["SweepConfig", "PRESETS", "SUITE", "OPTIMIZERS", "LR_SCHEDULES", "lr_factor"]
 
 #: Optimisers a sweep trains with (`torch.optim.SGD` with momentum, `Adam`, `AdamW`).
@@ -55,7 +57,7 @@ class SweepConfig:
         from dtg_gpu.sweeps.models import MODELS
 
         def real(x) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            return is_number(x) and math.isfinite(x)
 
         if not isinstance(self.model, str) or self.model.lower().replace("-", "").replace("_", "") not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
@@ -67,7 +69,7 @@ class SweepConfig:
             raise ValueError(f"dropout rates must be in [0, 1), got {list(self.dropouts)}")
         for name in ("seeds", "epochs", "checkpoint_every", "batch_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not (real(self.momentum) and 0 <= self.momentum < 1):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")

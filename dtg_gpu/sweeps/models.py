@@ -12,6 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dtg_gpu.core.validation import is_int
+
 __all__ = [
     "LeNet5",
     "VGG",
@@ -201,7 +203,7 @@ class MobileNetS(nn.Module):
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, dropout: float = 0.0, width: int = 8):
         super().__init__()
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        if not is_int(width) or width < 1:
             raise ValueError(f"MobileNetS width must be a positive integer, got {width!r}")
         self.stem = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
         self.bn = nn.BatchNorm2d(width)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dtg_gpu.core.devices import resolve_device
+from dtg_gpu.core.validation import is_int
 from dtg_gpu.exceptions import DTGWarning, SweepLockedError
 from dtg_gpu.io.checkpoints import read_manifest
 from dtg_gpu.sweeps.config import SweepConfig
@@ -86,7 +87,7 @@ def run_sweep(
     cfg.validate()
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if not is_int(group_size) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     out = Path(out)
     grid = cfg.grid()

@@ -71,117 +71,165 @@ _UNITS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncod
 
 
 def _trace(model: nn.Module) -> ChannelTopology:
-    gm = torch.fx.GraphModule(model, _Tracer().trace(model))
-    state = dict(gm.state_dict(keep_vars=True))
-    modules = dict(gm.named_modules())
-    builder = _Builder()
-    vals: dict[torch.fx.Node, _Val | None] = {}
-    consts: dict[torch.fx.Node, Any] = {}
-    first_input = True
-    attr_of: dict[torch.fx.Node, str] = {}  # a parameter, maybe expanded or cast
-    joined: set[str] = set()  # parameters added to / joined with activations
-    assumed: list[str] = []  # ops in no table: assumed to keep the channels, named
-    layer_of: dict[torch.fx.Node, int] = {}  # node → index of the weight layer it is the output of
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            vals[node] = _Val(_Cell()) if first_input else None
-            first_input = False
-            continue
-        if node.op in ("get_attr", "output"):
-            vals[node] = None
-            if node.op == "get_attr" and node.target in state:
-                attr_of[node] = node.target
-            continue
-        operands = [
-            a
-            for a in list(node.args) + list(node.kwargs.values())
-            for a in (a if isinstance(a, (list, tuple)) else (a,))
-        ]
-        if node.op == "call_method" and node.target in _CARRY_ATTR and node.args and node.args[0] in attr_of:
-            attr_of[node] = attr_of[node.args[0]]
-        elif (node.op == "call_function" and (node.target in _ADD or node.target in (torch.cat, torch.concat))) or (
-            node.op == "call_method" and node.target in _ADD_METHODS
-        ):
-            joined.update(attr_of[a] for a in operands if isinstance(a, torch.fx.Node) and a in attr_of)
-        args = _tensor_vals(list(node.args) + list(node.kwargs.values()), vals)
-        if node.op == "call_module":
-            mod = modules[node.target]
-            if isinstance(mod, (_CONV, nn.Linear)) and not args:
-                raise TopologyError(
-                    f"layer {node.target!r} is applied to a value that carries no channels (one "
-                    "computed from constants?)"
-                )
-            if isinstance(mod, _CONV):
-                vals[node] = builder.add_layer(node.target, mod, args[0], "conv")
-                layer_of[node] = len(builder.layers) - 1
-            elif isinstance(mod, nn.Linear):
-                vals[node] = builder.add_layer(node.target, mod, args[0], "linear")
-                layer_of[node] = len(builder.layers) - 1
-            elif isinstance(mod, nn.modules.batchnorm._BatchNorm):
-                _attach_batchnorm(builder, node, mod, layer_of)
-                vals[node] = args[0] if args else None
-            elif isinstance(mod, nn.MultiheadAttention):
-                vals[node] = _attention(builder, node.target, mod, node, vals)
-            elif isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
-                vals[node] = _encoder(builder, node.target, mod, node, vals)
-            elif isinstance(mod, nn.Flatten):
-                vals[node] = (
-                    _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (args[0] if args else None)
-                )
-            elif any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
-                raise TopologyError(unknown_module_message(str(node.target), mod))
+    """The channel topology of `model` read from its `torch.fx` graph."""
+    return _FxPass(model).run()
+
+
+def _operands(node: torch.fx.Node) -> list:
+    return [
+        a for a in list(node.args) + list(node.kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else (a,))
+    ]
+
+
+class _FxPass:
+    """One walk over a traced model's nodes, moving channel ids along with the rules."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.gm = torch.fx.GraphModule(model, _Tracer().trace(model))
+        self.state = dict(self.gm.state_dict(keep_vars=True))
+        self.modules = dict(self.gm.named_modules())
+        self.builder = _Builder()
+        self.vals: dict[torch.fx.Node, _Val | None] = {}
+        self.consts: dict[torch.fx.Node, Any] = {}
+        self.attr_of: dict[torch.fx.Node, str] = {}  # a parameter, maybe expanded or cast
+        self.joined: set[str] = set()  # parameters added to / joined with activations
+        self.assumed: list[str] = []  # ops in no table: assumed to keep the channels, named
+        self.layer_of: dict[torch.fx.Node, int] = {}  # node → index of the weight layer it is the output of
+
+    def run(self) -> ChannelTopology:
+        first_input = True
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.vals[node] = _Val(_Cell()) if first_input else None
+                first_input = False
+            elif node.op in ("get_attr", "output"):
+                self.vals[node] = None
+                if node.op == "get_attr" and node.target in self.state:
+                    self.attr_of[node] = node.target
             else:
-                vals[node] = args[0] if args else None
-            continue
-        target = node.target
-        if node.op == "call_function" and (target in _CONV_FNS or target in _LINEAR_FNS) and args:
-            layer = _add_call(builder, gm, node, args[0], state)
+                self._track_parameters(node)
+                args = _tensor_vals(list(node.args) + list(node.kwargs.values()), self.vals)
+                if node.op == "call_module":
+                    self.vals[node] = self._module(node, self.modules[node.target], args)
+                else:
+                    self._call(node, args)
+        coverage = _coverage(self.model, self.builder.layers, self.joined)
+        return self.builder.finish(traced=True, coverage=coverage, assumed=self.assumed)
+
+    def _track_parameters(self, node: torch.fx.Node) -> None:
+        """Parameters carried through casts, and those joined with activations (coverage)."""
+        if node.op == "call_method" and node.target in _CARRY_ATTR and node.args and node.args[0] in self.attr_of:
+            self.attr_of[node] = self.attr_of[node.args[0]]
+        elif _is_join(node):
+            self.joined.update(
+                self.attr_of[a] for a in _operands(node) if isinstance(a, torch.fx.Node) and a in self.attr_of
+            )
+
+    def _layer(self, node: torch.fx.Node, val: _Val) -> _Val:
+        self.layer_of[node] = len(self.builder.layers) - 1
+        return val
+
+    def _module(self, node: torch.fx.Node, mod: nn.Module, args: list[_Val]) -> _Val | None:
+        """The value a module call gives (`MODULE_RULES`, else its first input)."""
+        if isinstance(mod, (_CONV, nn.Linear)) and not args:
+            raise TopologyError(
+                f"layer {node.target!r} is applied to a value that carries no channels (one computed from constants?)"
+            )
+        for kinds, rule in MODULE_RULES:
+            if isinstance(mod, kinds):
+                return rule(self, node, mod, args)
+        if any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
+            raise TopologyError(unknown_module_message(str(node.target), mod))
+        return args[0] if args else None
+
+    def _call(self, node: torch.fx.Node, args: list[_Val]) -> None:
+        """A function or method call: a functional layer, a channel op, else the value rules."""
+        if node.op == "call_function" and (node.target in _CONV_FNS or node.target in _LINEAR_FNS) and args:
+            layer = _add_call(self.builder, self.gm, node, args[0], self.state)
             if layer is not None:
-                vals[node] = layer
-                layer_of[node] = len(builder.layers) - 1
-                continue
-        if _channel_op(node, args, vals, consts):
-            continue
-        if node.op == "call_method" and target in _NO_CHANNEL_METHODS:
-            vals[node] = None
-        elif node.op == "call_function" and target is _SDPA:
+                self.vals[node] = self._layer(node, layer)
+                return
+        if _channel_op(node, args, self.vals, self.consts):
+            return
+        self.vals[node] = self._value(node, args)
+
+    def _value(self, node: torch.fx.Node, args: list[_Val]) -> _Val | None:
+        """What a call that is no layer and no channel op carries."""
+        op, target = node.op, node.target
+        if op == "call_method" and target in _NO_CHANNEL_METHODS:
+            return None
+        if op == "call_function" and target is _SDPA:
             value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
-            vals[node] = vals.get(value) if isinstance(value, torch.fx.Node) else None  # carries v's channels
-        elif (node.op == "call_function" and target in _MATMUL) or (
-            node.op == "call_method" and target in _MATMUL_METHODS
-        ):
+            return self.vals.get(value) if isinstance(value, torch.fx.Node) else None  # carries v's channels
+        if (op == "call_function" and target in _MATMUL) or (op == "call_method" and target in _MATMUL_METHODS):
             # q·kᵀ (two channel-carrying operands) carries no channels (the method); scores·v carries v's
-            vals[node] = args[0] if len(args) == 1 else None
-        elif (node.op == "call_function" and target in _ADD) or (node.op == "call_method" and target in _ADD_METHODS):
-            vals[node] = _merge(builder, args)
-        elif node.op == "call_function" and target in (torch.cat, torch.concat):
-            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-            if dim == 1 and all(v.cell.ids is not None for v in args):
-                vals[node] = _Val(_Cell(np.concatenate([v.cell.ids for v in args])), flat=all(v.flat for v in args))
-            else:
-                merged = args[0] if args else None
-                for v in args[1:]:
-                    merged = _merge(builder, [merged, v])
-                vals[node] = merged
-        elif _is_flatten(node):
-            vals[node] = _Val(args[0].cell, flat=True) if args else None
-        elif node.op == "call_function" and target is operator.getitem and isinstance(vals.get(node.args[0]), _Pieces):
-            vals[node] = vals[node.args[0]][node.args[1]]
-        elif node.op == "call_function" and target is operator.getitem:
-            vals[node] = args[0] if args and node.args[1] is not None else None
-        elif args and (
-            (node.op == "call_method" and target in _LAYOUT_METHODS)
-            or (node.op == "call_function" and target in _LAYOUT_FNS)
+            return args[0] if len(args) == 1 else None
+        if (op == "call_function" and target in _ADD) or (op == "call_method" and target in _ADD_METHODS):
+            return _merge(self.builder, args)
+        if op == "call_function" and target in (torch.cat, torch.concat):
+            return self._cat(node, args)
+        if _is_flatten(node):
+            return _Val(args[0].cell, flat=True) if args else None
+        if op == "call_function" and target is operator.getitem:
+            if isinstance(self.vals.get(node.args[0]), _Pieces):
+                return self.vals[node.args[0]][node.args[1]]
+            return args[0] if args and node.args[1] is not None else None
+        return self._kept(node, args)
+
+    def _cat(self, node: torch.fx.Node, args: list[_Val]) -> _Val | None:
+        """`torch.cat` along the channels concatenates their ids; along another dim merges them."""
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if dim == 1 and all(v.cell.ids is not None for v in args):
+            return _Val(_Cell(np.concatenate([v.cell.ids for v in args])), flat=all(v.flat for v in args))
+        merged = args[0] if args else None
+        for v in args[1:]:
+            merged = _merge(self.builder, [merged, v])
+        return merged
+
+    def _kept(self, node: torch.fx.Node, args: list[_Val]) -> _Val | None:
+        """Layout ops and ops in no table keep their first input's channels (and are named)."""
+        op, target = node.op, node.target
+        if args and (
+            (op == "call_method" and target in _LAYOUT_METHODS) or (op == "call_function" and target in _LAYOUT_FNS)
         ):
             a = args[0]  # assumed to keep the channels; named if a layer then finds them wrong
-            vals[node] = _Val(a.cell, flat=a.flat, split=a.split, via=_describe(node))
-        elif not args or _keeps_channels(node):
-            vals[node] = args[0] if args else None
-        else:  # in no table: assumed to keep the channels, listed, and named if a layer finds them wrong
-            a = args[0]
-            assumed.append(_describe(node))
-            vals[node] = _Val(a.cell, flat=a.flat, split=a.split, via=a.via or _describe(node))
-    return builder.finish(traced=True, coverage=_coverage(model, builder.layers, joined), assumed=assumed)
+            return _Val(a.cell, flat=a.flat, split=a.split, via=_describe(node))
+        if not args or _keeps_channels(node):
+            return args[0] if args else None
+        a = args[0]  # in no table: assumed to keep the channels, listed, and named if a layer finds them wrong
+        self.assumed.append(_describe(node))
+        return _Val(a.cell, flat=a.flat, split=a.split, via=a.via or _describe(node))
+
+
+def _is_join(node: torch.fx.Node) -> bool:
+    """A sum or concatenation: parameters among its operands are joined with activations."""
+    if node.op == "call_function":
+        return node.target in _ADD or node.target in (torch.cat, torch.concat)
+    return node.op == "call_method" and node.target in _ADD_METHODS
+
+
+def _batchnorm_module(p: _FxPass, node: torch.fx.Node, mod: nn.Module, args: list[_Val]) -> _Val | None:
+    _attach_batchnorm(p.builder, node, mod, p.layer_of)
+    return args[0] if args else None
+
+
+def _flatten_module(p: _FxPass, node: torch.fx.Node, mod: nn.Module, args: list[_Val]) -> _Val | None:
+    return _Val(args[0].cell, flat=True) if args and mod.start_dim == 1 else (args[0] if args else None)
+
+
+#: module type(s) -> the value a call of such a module gives; first match wins
+MODULE_RULES: tuple[tuple[Any, Any], ...] = (
+    (_CONV, lambda p, node, mod, args: p._layer(node, p.builder.add_layer(node.target, mod, args[0], "conv"))),
+    (nn.Linear, lambda p, node, mod, args: p._layer(node, p.builder.add_layer(node.target, mod, args[0], "linear"))),
+    (nn.modules.batchnorm._BatchNorm, _batchnorm_module),
+    (nn.MultiheadAttention, lambda p, node, mod, args: _attention(p.builder, node.target, mod, node, p.vals)),
+    (
+        (nn.TransformerEncoder, nn.TransformerEncoderLayer),
+        lambda p, node, mod, args: _encoder(p.builder, node.target, mod, node, p.vals),
+    ),
+    (nn.Flatten, _flatten_module),
+)
 
 
 def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: nn.Module, layer_of: dict) -> None:

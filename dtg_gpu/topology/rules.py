@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dtg_gpu.core.validation import is_int
 from dtg_gpu.exceptions import TopologyError
 from dtg_gpu.topology.builder import _Cell, _Pieces, _SizeOf, _Val
 
@@ -189,7 +190,7 @@ _ARITH = {
 def _const(a: Any, consts: dict) -> Any:
     if isinstance(a, torch.fx.Node):
         return consts.get(a)
-    return a if isinstance(a, int) and not isinstance(a, bool) else None
+    return a if is_int(a) else None
 
 
 def _dim1(node: torch.fx.Node, pos: int) -> bool:

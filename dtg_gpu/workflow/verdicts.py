@@ -15,13 +15,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from dtg_gpu.analysis import featurize_with_failures
+from dtg_gpu.analysis import extract_features
 from dtg_gpu.core.failures import READ_ERRORS, warn_failures
 from dtg_gpu.engine.executors import default_cache
+from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.features.baselines import learning_curve, spectral_alpha, weight_statistics
 from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.statistics import layer_node_groups
-from dtg_gpu.features.temporal import temporal_features
+from dtg_gpu.features.temporal import FeatureRecipe, temporal_features
 from dtg_gpu.io.checkpoints import Run
 from dtg_gpu.predictor.estimator import PerformancePredictor, label_runs
 from dtg_gpu.predictor.evaluation import evaluate
@@ -104,16 +105,15 @@ class SweepFeatures:
 
 def featurize_sweep(
     runs: Sequence[Run],
+    *,
     alpha: float = 0.5,
     device=None,
-    dtype=torch.float32,
+    solver: SolverOptions | None = None,
     progress: bool = False,
     strict: bool = False,
-    *,
     executor: Literal["local", "ray"] = "local",
     address: str | None = None,
     cache: Any = None,
-    chunk_size: int | None = None,
     fold_batchnorm: bool = False,
     with_folded: bool = True,
 ) -> SweepFeatures:
@@ -128,9 +128,10 @@ def featurize_sweep(
     ----------
     runs : sequence of Run
         Typically [`load_sweep`][dtg_gpu.sweeps.runner.load_sweep]'s list.
-    alpha, device, dtype, progress, strict
+    alpha, device, solver, progress, strict
         As in [`featurize`][dtg_gpu.featurize]. With `executor="ray"`, `device=None` lets each
-        task take its node's GPU when it has one.
+        task take its node's GPU when it has one. `solver.chunk_size`: graphs per batch
+        (rounded to whole runs); default: sized to a 1 GiB budget.
     executor : {"local", "ray"}, default "local"
         `"ray"`: each unit (whole runs of one architecture solved as one batch, see
         `plan_units`) is a Ray task that gets the runs' checkpoint
@@ -148,8 +149,6 @@ def featurize_sweep(
         it in `SWEEP/.dtg-cache` when `runs` came from [`load_sweep`][dtg_gpu.sweeps.runner.load_sweep];
         `False` turns it off. A killed featurisation resumes from it; a cached run is
         bit-identical to solving it again.
-    chunk_size : int, optional
-        Graphs per batch (rounded to whole runs); default: sized to a 1 GiB budget.
     fold_batchnorm : bool, default False
         As in [`featurize`][dtg_gpu.featurize] (option beyond the method).
     with_folded : bool, default True
@@ -168,54 +167,31 @@ def featurize_sweep(
     runs_in = runs
     cache = default_cache(runs, cache)
     runs = list(runs)
-    topos = {}
-    for r in runs:
-        try:
-            topos[id(r.topology)] = r.topology
-        except READ_ERRORS:  # named by featurize_with_failures
-            pass
-    per_layer = len({len(layer_node_groups(t)) for t in topos.values()}) == 1
+    topos = _architectures(runs)
+    per_layer = len({len(layer_node_groups(t)) for t in topos}) == 1
     layout = (
-        StatisticsLayout.of(next(iter(topos.values())), per_layer=per_layer, eigenvalue=True)
+        StatisticsLayout.of(topos[0], per_layer=per_layer, eigenvalue=True)
         if topos
         else StatisticsLayout(eigenvalue=True)
     )
-    _, stats, failures = featurize_with_failures(
-        runs,
-        alpha=alpha,
-        device=device,
-        dtype=dtype,
-        progress=progress,
-        eigenvalue=True,
-        per_layer=per_layer,
-        strict=strict,
-        executor=executor,
-        address=address,
-        cache=cache,
-        chunk_size=chunk_size,
-        fold_batchnorm=fold_batchnorm,
-        features="spec",
+    recipe = FeatureRecipe(per_layer=per_layer, eigenvalue=True, fold_batchnorm=fold_batchnorm, weight_stats=False)
+    options = dict(
+        alpha=alpha, device=device, solver=solver, progress=progress, strict=strict, executor=executor, address=address
     )
-    warn_failures(failures, stacklevel=2)
-    failed.update(failures)
-    usable = np.array([r.name not in failures for r in runs], dtype=bool)
+    res = extract_features(runs, features=recipe, cache=cache, **options)
+    warn_failures(res.failures, stacklevel=2)
+    failed.update(res.failures)
+    usable = np.array([r.name not in res.failures for r in runs], dtype=bool)
     acc = np.array([r.final_accuracy if r.final_accuracy is not None else np.nan for r in runs])
-    spec, layers, lam = layout.split(stats)
+    spec, layers, lam = layout.split(res.statistics)
     folded = None
-    if with_folded and not fold_batchnorm and any(l.batchnorm is not None for t in topos.values() for l in t.layers):
+    if with_folded and not fold_batchnorm and any(l.batchnorm is not None for t in topos for l in t.layers):
         folded = featurize_sweep(
             SweepRuns(runs, failed=failed, path=getattr(runs_in, "path", None)),
-            alpha,
-            device,
-            dtype,
-            progress,
-            strict,
-            executor=executor,
-            address=address,
             cache=cache if cache is not None else False,
-            chunk_size=chunk_size,
             fold_batchnorm=True,
             with_folded=False,
+            **options,
         )
         usable &= folded.usable
         failed.update(folded.failed)
@@ -231,6 +207,17 @@ def featurize_sweep(
         layout=layout,
         folded=folded,
     )
+
+
+def _architectures(runs: Sequence[Run]) -> list:
+    """The runs' distinct topologies (a run that cannot be traced is named later, by featurize)."""
+    topos = {}
+    for r in runs:
+        try:
+            topos[id(r.topology)] = r.topology
+        except READ_ERRORS:
+            pass
+    return list(topos.values())
 
 
 def feature_sets(

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dtg_gpu.core.validation import is_number
 from dtg_gpu.early_stopping.rule import StoppingRule, is_diverged, many_run_records, run_records
 
 __all__ = ["Verdict", "SweepWatcher"]
@@ -273,7 +274,7 @@ MAX_INTERVAL_S = 7 * 24 * 3600
 
 def check_interval(interval: Any, what: str = "interval") -> float:
     """A polling interval in seconds: a finite number in (0, 7 days]."""
-    ok = isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval)
+    ok = is_number(interval) and math.isfinite(interval)
     if not (ok and 0 < interval <= MAX_INTERVAL_S):
         raise ValueError(f"{what} must be a number of seconds in (0, {MAX_INTERVAL_S}] (7 days), got {interval!r}")
     return float(interval)
