@@ -34,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dtg_gpu import SolverOptions
+from dtg_gpu import SolverOptions  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from ray_helpers import BrokenRun, slow  # noqa: E402
 
-from dtg_gpu import SolverOptions
+from dtg_gpu import SolverOptions  # noqa: E402
 from dtg_gpu.cli.main import main  # noqa: E402
 from dtg_gpu.engine import executors  # noqa: E402
 from dtg_gpu.engine.cache import CACHE_DIRNAME  # noqa: E402

@@ -742,6 +742,15 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
 
     @classmethod
     def _from_parts(cls, meta: Any, tensors: dict, bad) -> "PerformancePredictor":
+        """A predictor from a file's metadata and tensors, every field checked (`bad(why)`
+        makes the error that names the file)."""
+        clf, classes, d, fitted = cls._meta_from(meta, bad)
+        expected, d = clf._scaling_from(tensors, d, bad)
+        clf._network_from(tensors, fitted, classes, d, expected, bad)
+        return clf
+
+    @classmethod
+    def _meta_from(cls, meta: Any, bad) -> tuple["PerformancePredictor", list, int, dict]:
         if not isinstance(meta, dict) or meta.get("format") != "dtg_gpu.PerformancePredictor/1":
             raise bad("unknown format")
         params = meta.get("params")
@@ -787,7 +796,13 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         ):
             raise bad(f"fitted must hold a scaling among {SCALINGS} and select (null or a positive integer)")
         clf.scaling_, clf.select_ = fitted["scaling"], fitted.get("select")
-        n_features = d
+        clf.classes_ = np.array(classes)
+        clf.n_features_in_ = d
+        return clf, classes, d, fitted
+
+    def _scaling_from(self, tensors: dict, d: int, bad) -> tuple[set[str], int]:
+        """Columns, scaling and selected features; returns the tensors read and the width."""
+        clf = self
         columns = tensors.get("columns")
         if columns is not None:
             if columns.dim() != 1 or columns.dtype != torch.int64 or not 1 <= columns.numel() <= d:
@@ -809,8 +824,6 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 raise bad(f"{name!r} holds {'non-positive or ' if positive else ''}non-finite values")
             return v
 
-        clf.classes_ = np.array(classes)
-        clf.n_features_in_ = n_features
         clf.mean_ = vector("mean")
         clf.scale_ = vector("scale", positive=True)
         expected = {"mean", "scale"} | ({"columns"} if columns is not None else set())
@@ -838,6 +851,11 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             expected.add("selected")
         else:
             clf.selected_ = np.arange(d)
+        return expected, d
+
+    def _network_from(self, tensors: dict, fitted: dict, classes: list, d: int, expected: set[str], bad) -> None:
+        """The network's weights, their shapes checked against the rest of the file."""
+        clf = self
         n_out = 1 if len(classes) == 2 else len(classes)
         blocks = fitted.get("blocks")
         if blocks is not None and (
@@ -870,4 +888,3 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         )
         clf.network_.load_state_dict({k[len("network.") :]: tensors[k].float() for k in shapes})
         clf.network_.eval()
-        return clf

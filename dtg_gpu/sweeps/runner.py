@@ -84,32 +84,11 @@ def run_sweep(
     DatasetNotFoundError
         The dataset is not under `data_root`.
     """
-    cfg.validate()
-    if executor not in ("local", "ray"):
-        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if not is_int(group_size) or group_size < 1:
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    out = Path(out)
-    grid = cfg.grid()
-    names = [f"run-{i:04d}" for i in range(len(grid))]
-    manifest: dict[str, Any] = {
-        "format": "dtg_gpu.sweep/1",
-        "config": asdict(cfg),
-        "runs": names,
-        "grid": {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)), "seeds": int(cfg.seeds)},
-    }
-    manifest["config"]["lrs"] = list(map(float, cfg.lrs))
-    manifest["config"]["dropouts"] = list(map(float, cfg.dropouts))
+    out, names, grid, manifest = _prepare(cfg, out, executor, group_size)
     path = out / "sweep.json"
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a folder")
-    if path.is_file():
-        _check_same_sweep(out, path, manifest)
-        if all(_is_complete(out / name, verify=True) for name in names):
-            _warn_foreign(out, cfg, names, grid)
-            return out
-    elif out.is_dir():
-        _check_empty(out)
+    if path.is_file() and all(_is_complete(out / name, verify=True) for name in names):
+        _warn_foreign(out, cfg, names, grid)
+        return out
     ds = dataset or load_dataset(cfg.dataset, data_root, download)
     _check_trainable(cfg, ds)
     dev = resolve_device(device) if executor == "local" else torch.device("cpu")
@@ -143,6 +122,43 @@ def run_sweep(
         elif todo:
             _train_todo(cfg, ds, todo, grid, out, dev, progress, group_size)
     return out
+
+
+def _prepare(
+    cfg: SweepConfig, out: str | os.PathLike, executor: str, group_size: Any
+) -> tuple[Path, list[str], list, dict]:
+    """The arguments checked, and `out` checked to hold nothing or this sweep:
+    `(out, run names, grid, manifest)`."""
+    cfg.validate()
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if not is_int(group_size) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    out = Path(out)
+    grid = cfg.grid()
+    names = [f"run-{i:04d}" for i in range(len(grid))]
+    manifest = sweep_manifest(cfg, names)
+    path = out / "sweep.json"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder")
+    if path.is_file():
+        _check_same_sweep(out, path, manifest)
+    elif out.is_dir():
+        _check_empty(out)
+    return out, names, grid, manifest
+
+
+def sweep_manifest(cfg: SweepConfig, names: list[str]) -> dict[str, Any]:
+    """`sweep.json`'s content: the format, the config, the run folders and the grid."""
+    manifest: dict[str, Any] = {
+        "format": "dtg_gpu.sweep/1",
+        "config": asdict(cfg),
+        "runs": names,
+        "grid": {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)), "seeds": int(cfg.seeds)},
+    }
+    manifest["config"]["lrs"] = list(map(float, cfg.lrs))
+    manifest["config"]["dropouts"] = list(map(float, cfg.dropouts))
+    return manifest
 
 
 def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:

@@ -133,17 +133,13 @@ def featurize_sweep(
         task take its node's GPU when it has one. `solver.chunk_size`: graphs per batch
         (rounded to whole runs); default: sized to a 1 GiB budget.
     executor : {"local", "ray"}, default "local"
-        `"ray"`: each unit (whole runs of one architecture solved as one batch, see
-        `plan_units`) is a Ray task that gets the runs' checkpoint
-        *paths* (the sweep must lie on storage every node sees), solves them on its node
-        (`num_gpus=1` when the cluster has GPUs, else one CPU) and returns the statistics.
-        The results are bit-identical to the local path's for the same dtype and device
-        type: the same graphs are solved in the same batches. Needs `pip install
-        'dtg_gpu[ray]'`.
+        `"ray"`: each unit (whole runs of one architecture, one batch) is a Ray task that
+        gets the runs' checkpoint *paths* (on storage every node sees), solves them on its
+        node and returns the statistics, bit-identical to the local path's for the same
+        dtype and device type. Needs `pip install 'dtg_gpu[ray]'`.
     address : str, optional
-        The Ray cluster (`"auto"`, `"ray://head:10001"`, `"10.0.0.1:6379"`). Default:
-        the Ray instance this process is connected to, else a local one started for this
-        call and shut down after.
+        The Ray cluster (`"auto"`, `"ray://head:10001"`); default: the Ray instance this
+        process is connected to, else a local one for this call.
     cache : None, False, path or FeatureCache
         The per-run feature cache ([`feature_cache`][dtg_gpu.engine.cache]): `None` (default) keeps
         it in `SWEEP/.dtg-cache` when `runs` came from [`load_sweep`][dtg_gpu.sweeps.runner.load_sweep];
