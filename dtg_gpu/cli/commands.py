@@ -350,7 +350,7 @@ def _build_user_model(a):
     if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` would: the working folder first
         sys.path.insert(0, os.getcwd())
     try:
-        cls = importlib.import_module(mod_name)
+        cls: Any = importlib.import_module(mod_name)
         for part in attr.split("."):
             cls = getattr(cls, part)
     except (ImportError, AttributeError) as exc:

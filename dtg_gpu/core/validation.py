@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 __all__ = ["is_int", "is_number", "is_finite_number", "check_int", "check_number", "check_bool", "check_choice"]
 
 
-def is_int(x: Any) -> bool:
+def is_int(x: Any) -> TypeGuard[int]:
     """An integer (Python or NumPy), not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def is_number(x: Any) -> bool:
+def is_number(x: Any) -> TypeGuard[float]:
     """A real number (Python or NumPy, maybe NaN or infinite), not a bool."""
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
-def is_finite_number(x: Any) -> bool:
+def is_finite_number(x: Any) -> TypeGuard[float]:
     """A finite real number, not a bool."""
     return is_number(x) and math.isfinite(float(x))
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from dtg_gpu.exceptions import TopologyError
-from dtg_gpu.topology.builder import _Builder, _merge, _Pieces, _Val
-from dtg_gpu.topology.rules import (
-    _LINEAR_FNS,
-)
+from dtg_gpu.topology.builder import _Builder, _merge, _Pieces, _Val, fx_args, fx_kwargs
+from dtg_gpu.topology.rules import _LINEAR_FNS
 
 
 def _weight_program(gm: torch.fx.GraphModule, weight: torch.fx.Node, state: dict):
@@ -48,7 +47,7 @@ def _weight_program(gm: torch.fx.GraphModule, weight: torch.fx.Node, state: dict
 
 def _add_call(builder: "_Builder", gm, node: torch.fx.Node, val: "_Val", state: dict) -> "_Val | None":
     """A `F.conv*`/`F.linear` call whose weight derives from the model's parameters."""
-    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    weight = fx_args(node)[1] if len(fx_args(node)) > 1 else fx_kwargs(node).get("weight")
     if not isinstance(weight, torch.fx.Node):
         return None
     found = _weight_program(gm, weight, state)
@@ -67,7 +66,7 @@ def _add_call(builder: "_Builder", gm, node: torch.fx.Node, val: "_Val", state: 
         if len(shape) != 2:
             return None
         return builder.add(name, param, "linear", shape, shape[1], shape[0], 1, val, sources, shapes, program)
-    groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+    groups = fx_args(node)[6] if len(fx_args(node)) > 6 else fx_kwargs(node).get("groups", 1)
     if not isinstance(groups, int) or len(shape) < 3:
         return None
     return builder.add(name, param, "conv", shape, shape[1] * groups, shape[0], groups, val, sources, shapes, program)
@@ -100,7 +99,7 @@ def _attention(
     """
 
     def arg(i: int, key: str) -> _Val:
-        a = node.args[i] if len(node.args) > i else node.kwargs.get(key)
+        a = fx_args(node)[i] if len(fx_args(node)) > i else fx_kwargs(node).get(key)
         v = vals.get(a) if isinstance(a, torch.fx.Node) else None
         if not isinstance(v, _Val):
             raise TopologyError(f"attention {name!r}: its {key} carries no channels that dtg_gpu can follow")
@@ -137,15 +136,22 @@ def encoder_layers(builder: "_Builder", name: str, mod: nn.Module, x: "_Val") ->
     → `linear2`, each added to the stream (the same nodes, as the method's residual
     addition); norms keep the channels. Returns the stream."""
     prefix = f"{name}." if name else ""
-    layers = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
+    layers: list[Any] = list(mod.layers) if isinstance(mod, nn.TransformerEncoder) else [mod]
     names = [f"{prefix}layers.{i}" for i in range(len(layers))] if isinstance(mod, nn.TransformerEncoder) else [name]
     for layer, lname in zip(layers, names):
         p = f"{lname}." if lname else ""
         attn = _attention_of(builder, f"{p}self_attn", layer.self_attn, x, x, x)
-        x = _merge(builder, [x, attn])
+        x = _merged(builder, [x, attn])
         hidden = builder.add_layer(f"{p}linear1", layer.linear1, x, "linear")
-        x = _merge(builder, [x, builder.add_layer(f"{p}linear2", layer.linear2, hidden, "linear")])
+        x = _merged(builder, [x, builder.add_layer(f"{p}linear2", layer.linear2, hidden, "linear")])
     return x
+
+
+def _merged(builder: "_Builder", vs: list["_Val"]) -> "_Val":
+    """`_merge` of values that carry channels (never `None`)."""
+    out = _merge(builder, vs)
+    assert out is not None
+    return out
 
 
 def _attention_of(
@@ -180,7 +186,7 @@ def _attention_of(
 
 def _encoder(builder: "_Builder", name: str, mod: nn.Module, node: torch.fx.Node, vals: dict) -> "_Val":
     """`encoder_layers` on the module's input value."""
-    a = node.args[0] if node.args else node.kwargs.get("src")
+    a = fx_args(node)[0] if fx_args(node) else fx_kwargs(node).get("src")
     x = vals.get(a) if isinstance(a, torch.fx.Node) else None
     if not isinstance(x, _Val):
         raise TopologyError(f"{type(mod).__name__} {name!r}: its input carries no channels that dtg_gpu can follow")

@@ -128,7 +128,7 @@ def _reparametrized(name: str, module: nn.Module) -> tuple[tuple, tuple, Any]:
         def pruned(weight_orig, weight_mask):  # BasePruningMethod.apply_mask
             return weight_orig * weight_mask.to(weight_orig.dtype)
 
-        return (f"{prefix}weight_orig", f"{prefix}weight_mask"), (tuple(orig.shape), tuple(mask.shape)), pruned
+        return (f"{prefix}weight_orig", f"{prefix}weight_mask"), (_shape(orig), _shape(mask)), pruned
     return (), (), None
 
 
@@ -159,7 +159,8 @@ class _Builder:
             if rx != ry:  # keep the earlier id as root: root == min of its class
                 self.parent[max(rx, ry)] = min(rx, ry)
 
-    def add_layer(self, name: str, module: nn.Module, val: _Val, kind: str) -> _Val:
+    def add_layer(self, name: str, module: Any, val: _Val, kind: str) -> _Val:
+        """A `Conv*d` (`kind=\"conv\"`) or `Linear` module applied to `val`."""
         w = module.weight
         param = f"{name}.weight" if name else "weight"
         sources, shapes, effective = _reparametrized(name, module)
@@ -354,3 +355,26 @@ def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = fr
             row = ("unsupported", "a matrix that no traced conv/linear call uses as its weight")
         rows.append((name, tuple(p.shape), *row))
     return tuple(rows)
+
+
+def fx_args(node: torch.fx.Node) -> tuple[Any, ...]:
+    """`node.args`, typed for the rules: torch.fx types an argument as the union of
+    everything an argument can be; the rules check what they read at run time."""
+    return tuple(node.args)
+
+
+def fx_kwargs(node: torch.fx.Node) -> dict[str, Any]:
+    """`node.kwargs`, typed as `fx_args`."""
+    return dict(node.kwargs)
+
+
+def known_ids(val: _Val) -> np.ndarray:
+    """The channel node ids of a value known to carry them."""
+    ids = val.cell.ids
+    assert ids is not None, "a rule read the ids of a value that carries none"
+    return ids
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    """A tensor attribute's shape (a module's attributes are typed as tensors or modules)."""
+    return tuple(t.shape)

@@ -35,7 +35,7 @@ from torch import nn
 
 from dtg_gpu.exceptions import TopologyError
 from dtg_gpu.topology.attention import _add_call, _attention, _encoder
-from dtg_gpu.topology.builder import _Builder, _Cell, _coverage, _merge, _Pieces, _tensor_vals, _Val
+from dtg_gpu.topology.builder import _Builder, _Cell, _coverage, _merge, _Pieces, _tensor_vals, _Val, fx_args, fx_kwargs
 from dtg_gpu.topology.rules import (
     _ADD,
     _ADD_METHODS,
@@ -77,7 +77,9 @@ def _trace(model: nn.Module) -> ChannelTopology:
 
 def _operands(node: torch.fx.Node) -> list:
     return [
-        a for a in list(node.args) + list(node.kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else (a,))
+        a
+        for a in list(fx_args(node)) + list(fx_kwargs(node).values())
+        for a in (a if isinstance(a, (list, tuple)) else (a,))
     ]
 
 
@@ -109,7 +111,7 @@ class _FxPass:
                     self.attr_of[node] = node.target
             else:
                 self._track_parameters(node)
-                args = _tensor_vals(list(node.args) + list(node.kwargs.values()), self.vals)
+                args = _tensor_vals(list(fx_args(node)) + list(fx_kwargs(node).values()), self.vals)
                 if node.op == "call_module":
                     self.vals[node] = self._module(node, self.modules[node.target], args)
                 else:
@@ -119,8 +121,13 @@ class _FxPass:
 
     def _track_parameters(self, node: torch.fx.Node) -> None:
         """Parameters carried through casts, and those joined with activations (coverage)."""
-        if node.op == "call_method" and node.target in _CARRY_ATTR and node.args and node.args[0] in self.attr_of:
-            self.attr_of[node] = self.attr_of[node.args[0]]
+        if (
+            node.op == "call_method"
+            and node.target in _CARRY_ATTR
+            and fx_args(node)
+            and fx_args(node)[0] in self.attr_of
+        ):
+            self.attr_of[node] = self.attr_of[fx_args(node)[0]]
         elif _is_join(node):
             self.joined.update(
                 self.attr_of[a] for a in _operands(node) if isinstance(a, torch.fx.Node) and a in self.attr_of
@@ -160,7 +167,7 @@ class _FxPass:
         if op == "call_method" and target in _NO_CHANNEL_METHODS:
             return None
         if op == "call_function" and target is _SDPA:
-            value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
+            value = fx_args(node)[2] if len(fx_args(node)) > 2 else fx_kwargs(node).get("value")
             return self.vals.get(value) if isinstance(value, torch.fx.Node) else None  # carries v's channels
         if (op == "call_function" and target in _MATMUL) or (op == "call_method" and target in _MATMUL_METHODS):
             # q·kᵀ (two channel-carrying operands) carries no channels (the method); scores·v carries v's
@@ -172,17 +179,18 @@ class _FxPass:
         if _is_flatten(node):
             return _Val(args[0].cell, flat=True) if args else None
         if op == "call_function" and target is operator.getitem:
-            if isinstance(self.vals.get(node.args[0]), _Pieces):
-                return self.vals[node.args[0]][node.args[1]]
-            return args[0] if args and node.args[1] is not None else None
+            pieces = self.vals.get(fx_args(node)[0])
+            if isinstance(pieces, _Pieces):
+                return pieces[fx_args(node)[1]]
+            return args[0] if args and fx_args(node)[1] is not None else None
         return self._kept(node, args)
 
     def _cat(self, node: torch.fx.Node, args: list[_Val]) -> _Val | None:
         """`torch.cat` along the channels concatenates their ids; along another dim merges them."""
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        dim = fx_args(node)[1] if len(fx_args(node)) > 1 else fx_kwargs(node).get("dim", 0)
         if dim == 1 and all(v.cell.ids is not None for v in args):
             return _Val(_Cell(np.concatenate([v.cell.ids for v in args])), flat=all(v.flat for v in args))
-        merged = args[0] if args else None
+        merged: Any = args[0] if args else None
         for v in args[1:]:
             merged = _merge(self.builder, [merged, v])
         return merged
@@ -232,10 +240,10 @@ MODULE_RULES: tuple[tuple[Any, Any], ...] = (
 )
 
 
-def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: nn.Module, layer_of: dict) -> None:
+def _attach_batchnorm(builder: _Builder, node: torch.fx.Node, mod: Any, layer_of: dict) -> None:
     """Record a batch norm that directly follows a weight layer (for `fold_batchnorm`):
     its input is the layer's output and nothing else reads that output."""
-    src = node.args[0] if node.args else None
+    src = fx_args(node)[0] if fx_args(node) else None
     if not isinstance(src, torch.fx.Node) or src not in layer_of or len(src.users) != 1:
         return
     running_var = getattr(mod, "running_var", None)

@@ -12,7 +12,7 @@ from torch import nn
 
 from dtg_gpu.core.validation import is_int
 from dtg_gpu.exceptions import TopologyError
-from dtg_gpu.topology.builder import _Cell, _Pieces, _SizeOf, _Val
+from dtg_gpu.topology.builder import _Cell, _Pieces, _SizeOf, _Val, fx_args, fx_kwargs, known_ids
 
 # binary elementwise ops: two operands that carry channel spaces of the same width are the same
 # nodes (residual addition, x * gate in squeeze-and-excitation, maximum); never operand order
@@ -93,15 +93,15 @@ _CARRY_ATTR = {"expand", "expand_as", "repeat", "to", "type_as", "contiguous", "
 
 def _is_flatten(node: torch.fx.Node) -> bool:
     if node.op == "call_function" and node.target in _FLATTEN_FN:
-        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        start = fx_args(node)[1] if len(fx_args(node)) > 1 else fx_kwargs(node).get("start_dim", 0)
         return start == 1
     if node.op == "call_method" and node.target == "flatten":
-        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        start = fx_args(node)[1] if len(fx_args(node)) > 1 else fx_kwargs(node).get("start_dim", 0)
         return start == 1
     if node.op in ("call_method", "call_function") and (
         node.target in ("view", "reshape") or node.target is torch.reshape
     ):
-        shape = node.args[1:]
+        shape: Any = fx_args(node)[1:]
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         return len(shape) == 2
@@ -161,13 +161,13 @@ def _keeps_channels(node: torch.fx.Node) -> bool:
         return True
     if node.op == "call_function" and target in _COMPARE:
         return True  # elementwise: a mask of the same channels
-    if node.op == "call_function" and target is getattr and len(node.args) > 1 and node.args[1] in _META_ATTRS:
+    if node.op == "call_function" and target is getattr and len(fx_args(node)) > 1 and fx_args(node)[1] in _META_ATTRS:
         return True  # x.dtype, x.device: nothing downstream consumes them as channels
     name = target if node.op == "call_method" else getattr(target, "__name__", None)
     if name in ("_assert", "_assert_async", "isinstance"):
         return True
     if name in _REDUCE and node.op in ("call_method", "call_function"):
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dim = fx_args(node)[1] if len(fx_args(node)) > 1 else fx_kwargs(node).get("dim")
         dims = dim if isinstance(dim, (tuple, list)) else (dim,)
         return dim is not None and all(isinstance(d, int) and d not in (1, -3) for d in dims)
     return False
@@ -194,12 +194,12 @@ def _const(a: Any, consts: dict) -> Any:
 
 
 def _dim1(node: torch.fx.Node, pos: int) -> bool:
-    dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
+    dim = fx_args(node)[pos] if len(fx_args(node)) > pos else fx_kwargs(node).get("dim", 0)
     return dim == 1
 
 
 def _source(node: torch.fx.Node, vals: dict) -> Any:
-    raw = node.args[0] if node.args else None
+    raw = fx_args(node)[0] if fx_args(node) else None
     return vals.get(raw) if isinstance(raw, torch.fx.Node) else None
 
 
@@ -215,9 +215,9 @@ def _size_call(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     src = _source(node, vals)
     if not isinstance(src, _Val):
         return False
-    if len(node.args) > 1 or "dim" in node.kwargs:
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
-        consts[node] = len(src.cell.ids) if dim == 1 and src.cell.ids is not None and src.split is None else None
+    if len(fx_args(node)) > 1 or "dim" in fx_kwargs(node):
+        dim = fx_args(node)[1] if len(fx_args(node)) > 1 else fx_kwargs(node)["dim"]
+        consts[node] = len(known_ids(src)) if dim == 1 and src.cell.ids is not None and src.split is None else None
     else:
         consts[node] = _SizeOf(src)
     vals[node] = None
@@ -227,7 +227,7 @@ def _size_call(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
 def _shape_attr(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     """`x.shape`."""
     src = _source(node, vals)
-    if len(node.args) > 1 and node.args[1] == "shape" and isinstance(src, _Val):
+    if len(fx_args(node)) > 1 and fx_args(node)[1] == "shape" and isinstance(src, _Val):
         consts[node], vals[node] = _SizeOf(src), None
         return True
     return False
@@ -235,21 +235,21 @@ def _shape_attr(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
 
 def _size_item(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     """`x.shape[1]`: the channel count."""
-    raw = node.args[0] if node.args else None
+    raw = fx_args(node)[0] if fx_args(node) else None
     if not isinstance(consts.get(raw), _SizeOf):
         return False
     v = consts[raw].val
-    consts[node] = len(v.cell.ids) if node.args[1] == 1 and v.cell.ids is not None and v.split is None else None
+    consts[node] = len(known_ids(v)) if fx_args(node)[1] == 1 and v.cell.ids is not None and v.split is None else None
     vals[node] = None
     return True
 
 
 def _size_arith(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     """`C // g`, `C * 2`, ... on known sizes."""
-    if not any(isinstance(a, torch.fx.Node) and a in consts for a in node.args):
+    if not any(isinstance(a, torch.fx.Node) and a in consts for a in fx_args(node)):
         return False
-    xs = [_const(a, consts) for a in node.args[:2]]
-    fn = _ARITH[node.target]
+    xs = [_const(a, consts) for a in fx_args(node)[:2]]
+    fn = _ARITH[node.target]  # type: ignore[index]  # a key of _ARITH: the table sent the node here
     consts[node] = fn(*xs) if None not in xs and not (fn is operator.floordiv and xs[1] == 0) else None
     vals[node] = None
     return True
@@ -261,8 +261,13 @@ def _chunk_split(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     src = _channels(node, vals)
     if src is None or src.split is not None or not _dim1(node, 2):
         return False
-    ids, n = src.cell.ids, len(src.cell.ids)
-    spec = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks", node.kwargs.get("split_size_or_sections"))
+    ids = known_ids(src)
+    n = len(ids)
+    spec: Any = (
+        fx_args(node)[1]
+        if len(fx_args(node)) > 1
+        else fx_kwargs(node).get("chunks", fx_kwargs(node).get("split_size_or_sections"))
+    )
     if node.target in ("chunk", torch.chunk):
         size = -(-n // spec)
         sizes = [min(size, n - i) for i in range(0, n, size)]
@@ -278,26 +283,26 @@ def _chunk_split(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
 def _narrow(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     """`x.narrow(1, start, length)` with known bounds."""
     src = _channels(node, vals)
-    if src is None or src.split is not None or node.args[1] != 1:
+    if src is None or src.split is not None or fx_args(node)[1] != 1:
         return False
-    start, length = _const(node.args[2], consts), _const(node.args[3], consts)
+    start, length = _const(fx_args(node)[2], consts), _const(fx_args(node)[3], consts)
     if start is None or length is None:
         return False
-    vals[node] = _Val(_Cell(src.cell.ids[start : start + length]))
+    vals[node] = _Val(_Cell(known_ids(src)[start : start + length]))
     return True
 
 
 def _channel_slice(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     """`x[:, a:b]`."""
     src = _channels(node, vals)
-    index = node.args[1] if len(node.args) > 1 else None
+    index = fx_args(node)[1] if len(fx_args(node)) > 1 else None
     if src is None or src.split is not None or not (isinstance(index, tuple) and len(index) > 1):
         return False
     sl = index[1]
     if not isinstance(sl, slice) or sl == slice(None):
         return False
     parts = [_const(x, consts) if x is not None else None for x in (sl.start, sl.stop, sl.step)]
-    vals[node] = _Val(_Cell(src.cell.ids[slice(*parts)]))
+    vals[node] = _Val(_Cell(known_ids(src)[slice(*parts)]))
     return True
 
 
@@ -307,8 +312,8 @@ def _reshape(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
     src = _channels(node, vals)
     if src is None:
         return False
-    ids = src.cell.ids
-    shape = list(node.args[1:]) if node.op == "call_method" else list(node.args[1])
+    ids = known_ids(src)
+    shape = list(fx_args(node)[1:]) if node.op == "call_method" else list(fx_args(node)[1])
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = list(shape[0])
     dims = [_const(d, consts) for d in shape[1:]]
@@ -333,14 +338,14 @@ def _shuffle(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
         return False
     k = len(src.split)
     if node.target == "permute":
-        perm = list(node.args[1:]) if not isinstance(node.args[1], (tuple, list)) else list(node.args[1])
+        perm = list(fx_args(node)[1:]) if not isinstance(fx_args(node)[1], (tuple, list)) else list(fx_args(node)[1])
         chan = [p - 1 for p in perm[1 : k + 1]]
         if perm[0] != 0 or sorted(chan) != list(range(k)):
             raise TopologyError(
                 f"{_describe(node)}: a permute that moves the channel dimension; its channel mapping is unknown"
             )
     else:
-        a, b = node.args[1], node.args[2]
+        a, b = fx_args(node)[1], fx_args(node)[2]
         if not (1 <= a <= k and 1 <= b <= k):
             raise TopologyError(
                 f"{_describe(node)}: a transpose of a split channel dimension with "
@@ -348,7 +353,7 @@ def _shuffle(node: torch.fx.Node, vals: dict, consts: dict) -> bool:
             )
         chan = list(range(k))
         chan[a - 1], chan[b - 1] = chan[b - 1], chan[a - 1]
-    grid = src.cell.ids.reshape(src.split).transpose(chan)
+    grid = known_ids(src).reshape(src.split).transpose(chan)
     vals[node] = _Val(_Cell(grid.reshape(-1)), split=tuple(grid.shape))
     return True
 

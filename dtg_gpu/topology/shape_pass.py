@@ -34,7 +34,7 @@ from torch import nn
 
 from dtg_gpu.exceptions import TopologyError
 from dtg_gpu.topology.attention import _attention_of, encoder_layers, packed_qkv
-from dtg_gpu.topology.builder import _Builder, _Cell, _coverage, _Val
+from dtg_gpu.topology.builder import _Builder, _Cell, _coverage, _Val, known_ids
 from dtg_gpu.topology.fx_pass import _Tracer
 from dtg_gpu.topology.rules import (
     _ADD,
@@ -334,10 +334,11 @@ class _IdInterpreter(torch.fx.Interpreter):
         else:
             from dtg_gpu.topology.attention import _add_call
 
-            out = _add_call(self.builder, self.module, n, val, self.state)
-            if out is None:
+            added = _add_call(self.builder, self.module, n, val, self.state)
+            if added is None:
                 return self._keep(n, ids, result.shape)
-        return _broadcast(out.cell.ids, result.shape, 1 if kind == "conv" else -1)
+            out = added
+        return _broadcast(known_ids(out), result.shape, 1 if kind == "conv" else -1)
 
     def _permuted_linear(self, name: str, mod: nn.Linear, val: _Val, perm: np.ndarray, result) -> torch.Tensor:
         prefix = f"{name}." if name else ""
@@ -356,7 +357,7 @@ class _IdInterpreter(torch.fx.Interpreter):
             (tuple(mod.weight.shape),),
             _Columns(cols),
         )
-        return _broadcast(out.cell.ids, result.shape, -1)
+        return _broadcast(known_ids(out), result.shape, -1)
 
     # ------------------------------------------------------------------ nodes
     def run_node(self, n: torch.fx.Node):
@@ -379,7 +380,7 @@ class _IdInterpreter(torch.fx.Interpreter):
             return None
         if n.op == "get_attr":
             if n.target in self.state:
-                self.attr_of[n] = n.target
+                self.attr_of[n] = str(n.target)
             return _none(result.shape) if isinstance(result, torch.Tensor) else None
         operands = [
             a
@@ -393,7 +394,7 @@ class _IdInterpreter(torch.fx.Interpreter):
             self.joined.update(attrs)  # a parameter meets the activations (weights of layers stay graphed)
         elif attrs:
             self.attr_of[n] = attrs[0]  # a parameter, indexed, reshaped or computed on without any input
-        target = n.target
+        target: Any = n.target  # a str (module, method) or a callable (function)
         if n.op == "call_function" and target in _PACKED_ATTENTION:
             return self._packed_attention(n, result)
         if n.op == "call_module":
@@ -479,9 +480,9 @@ class _IdInterpreter(torch.fx.Interpreter):
                 if n.op == "call_module":
                     r = self.modules[n.target](*args, **kwargs)
                 elif n.op == "call_method":
-                    r = getattr(args[0], n.target)(*args[1:], **kwargs)
+                    r = getattr(args[0], str(n.target))(*args[1:], **kwargs)
                 else:
-                    r = n.target(*args, **kwargs)
+                    r = n.target(*args, **kwargs)  # type: ignore[operator]  # call_function: a callable
             except Exception:
                 return None
             if not isinstance(r, torch.Tensor) or tuple(r.shape) != tuple(result.shape):
@@ -533,8 +534,8 @@ class _IdInterpreter(torch.fx.Interpreter):
                 raise TopologyError(f"attention {n.target!r}: its {key} does not carry one channel per feature")
             return val
 
-        out = _attention_of(self.builder, n.target, mod, arg(0, "query"), arg(1, "key"), arg(2, "value"))
-        return (_broadcast(out.cell.ids, result[0].shape, -1), None)
+        out = _attention_of(self.builder, str(n.target), mod, arg(0, "query"), arg(1, "key"), arg(2, "value"))
+        return (_broadcast(known_ids(out), result[0].shape, -1), None)
 
     def _packed_attention(self, n: torch.fx.Node, result) -> torch.Tensor:
         """A wrapped attention function on a packed `qkv` weight and a `proj` weight
@@ -559,14 +560,14 @@ class _IdInterpreter(torch.fx.Interpreter):
         out = self.builder.add(
             pname, proj, "linear", tuple(w_proj.shape), w_proj.shape[1], w_proj.shape[0], 1, _Val(blocks[2].cell)
         )
-        return _broadcast(out.cell.ids, result.shape, -1)
+        return _broadcast(known_ids(out), result.shape, -1)
 
     def _encoder(self, n: torch.fx.Node, mod: nn.Module, result):
         a = n.args[0] if n.args else n.kwargs.get("src")
         x, _ = self._input_val(n, self._with_ids(a), -1, str(n.target))
         if x is None or x.flat:
             raise TopologyError(f"{type(mod).__name__} {n.target!r}: its input does not carry one channel per feature")
-        return _broadcast(encoder_layers(self.builder, n.target, mod, x).cell.ids, result.shape, -1)
+        return _broadcast(known_ids(encoder_layers(self.builder, str(n.target), mod, x)), result.shape, -1)
 
 
 class _Columns:
