@@ -39,7 +39,7 @@ _LAZY = {
     "EigenResult": "dtg_gpu.centrality",
     "eigenvector_centrality": "dtg_gpu.centrality",
     "solve_perron": "dtg_gpu.centrality",
-    "Run": "dtg_gpu.io.checkpoints",
+    "Run": "dtg_gpu.io.run",
     "load_state_dict": "dtg_gpu.io.checkpoints",
     "evaluate": "dtg_gpu.predictor.evaluation",
     "temporal_features": "dtg_gpu.features.temporal",
@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from dtg_gpu.features.temporal import FeatureRecipe, feature_recipe, temporal_features, temporal_reinforcement
     from dtg_gpu.graph.native import native_status
     from dtg_gpu.graph.operators import BlockOperator, filter_norms
-    from dtg_gpu.io.checkpoints import Run, load_state_dict
+    from dtg_gpu.io.checkpoints import load_state_dict
+    from dtg_gpu.io.run import Run
     from dtg_gpu.predictor.estimator import PerformancePredictor, label_runs, split_runs
     from dtg_gpu.predictor.evaluation import evaluate
     from dtg_gpu.topology.trace import channel_topology

@@ -24,7 +24,7 @@ from dtg_gpu.features.statistics import STATISTICS, layer_node_groups, timestep_
 from dtg_gpu.features.temporal import FeatureRecipe, check_alpha, feature_recipe, temporal_features
 from dtg_gpu.graph.operators import to_networkx as _to_networkx
 from dtg_gpu.graph.operators import to_pyg
-from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
 
 __all__ = ["AnalysisResult", "analyze", "featurize", "extract_features", "FeatureResult", "covariate_matrix"]

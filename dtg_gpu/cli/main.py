@@ -1,13 +1,13 @@
-"""`dtg`: the root only builds the parser and registers sub-commands."""
+"""`dtg`: the root only builds the parser and registers the sub-commands, one module each
+(`dtg_gpu/cli/<command>.py`, shared flags in `common.py`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
-
-from dtg_gpu.cli import commands
 
 SUBCOMMANDS = ["sweep", "analyze", "featurize", "train", "predict", "watch", "evaluate", "bench", "env", "demo"]
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dtg_gpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
-        getattr(commands, name).add_parser(sub)
+        getattr(importlib.import_module(f"dtg_gpu.cli.{name}"), name).add_parser(sub)
     return parser
 
 

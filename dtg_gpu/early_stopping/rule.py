@@ -101,7 +101,7 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     from dtg_gpu.analysis import extract_features
     from dtg_gpu.features.baselines import tensor_statistics
     from dtg_gpu.features.temporal import FeatureRecipe
-    from dtg_gpu.io.checkpoints import Run
+    from dtg_gpu.io.run import Run
     from dtg_gpu.predictor.estimator import architecture_signature
 
     part = Run(
@@ -146,7 +146,7 @@ def many_run_records(
     from dtg_gpu.core.failures import READ_ERRORS
     from dtg_gpu.features.baselines import tensor_statistics
     from dtg_gpu.features.temporal import FeatureRecipe
-    from dtg_gpu.io.checkpoints import Run
+    from dtg_gpu.io.run import Run
     from dtg_gpu.predictor.estimator import architecture_signature
 
     out: list[list[dict] | str] = [[] for _ in runs]
@@ -239,7 +239,7 @@ def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] 
     >>> len(rec["dtg"]), len(rec["weight_stats"])
     (5, 14)
     """
-    from dtg_gpu.io.checkpoints import Run
+    from dtg_gpu.io.run import Run
 
     if state is None:
         state = {k: v.detach() for k, v in model.state_dict().items()}

@@ -22,7 +22,7 @@ import torch
 from dtg_gpu.engine.cache import FeatureCache, run_id
 from dtg_gpu.engine.solve import GraphBatchResult, concat_results, iter_solve, warn_results
 from dtg_gpu.engine.units import Job, SolveSettings, UnitResult, plan_jobs, store, unit_chunks, unit_result
-from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
 
 __all__ = ["Executor", "featurize_runs", "default_cache"]

@@ -25,7 +25,7 @@ from dtg_gpu.exceptions import (
     NonFiniteWeightsWarning,
 )
 from dtg_gpu.graph.operators import BlockOperator, norms_in_range, plain_filter_norms, wide_filter_norms
-from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
 
 __all__ = [

@@ -13,7 +13,7 @@ from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.engine.solve import GraphBatchResult, Unit, concat_results, iter_solve, plan_units
 from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.statistics import layer_node_groups, layer_statistics, timestep_statistics
-from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from dtg_gpu.exceptions import InsufficientCheckpointsError
-from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.io.run import Run
 
 __all__ = [
     "weight_statistics",

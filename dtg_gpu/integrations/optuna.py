@@ -194,7 +194,7 @@ def trial_records(trial) -> tuple[list[int], list[dict]]:
 def trial_run(study, trial, model: torch.nn.Module):
     """The trial's recorded checkpoints as a [`Run`][dtg_gpu.Run], to analyse
     with the rest of the library (`dtg_gpu.analyze(trial_run(study, t, model))`)."""
-    from dtg_gpu.io.checkpoints import Run
+    from dtg_gpu.io.run import Run
 
     steps, _ = trial_records(trial)
     folder = checkpoint_folder(study)

@@ -1,14 +1,8 @@
 """Reading what training wrote: checkpoints (safely), run folders, run.json and sweep.json."""
 
-from dtg_gpu.io.checkpoints import (
-    CHECKPOINT_SUFFIXES,
-    Run,
-    checkpoint_shapes,
-    load_state_dict,
-    load_weights,
-    read_manifest,
-    unwrap_model,
-)
+from dtg_gpu.io.checkpoints import CHECKPOINT_SUFFIXES, checkpoint_shapes, load_state_dict, load_weights
+from dtg_gpu.io.manifest import read_manifest
+from dtg_gpu.io.run import Run, unwrap_model
 
 __all__ = [
     "Run",

@@ -10,8 +10,9 @@ import torch
 
 from dtg_gpu.core.files import confined_path
 from dtg_gpu.exceptions import CheckpointError, DTGWarning
-from dtg_gpu.io.checkpoints import Run, read_manifest
-from dtg_gpu.sweeps.state import _grid_mismatch, _state_of, _sweep_grid
+from dtg_gpu.io.manifest import read_manifest, run_state
+from dtg_gpu.io.run import Run
+from dtg_gpu.sweeps.state import _grid_mismatch, _sweep_grid
 
 __all__ = ["SweepRuns", "load_sweep"]
 
@@ -88,7 +89,7 @@ def load_sweep(
         confined_path(path, n, what=f"{manifest}: runs[{i}]")
         if not isinstance(n, str) or "/" in n or "\\" in n or n in (".", ".."):
             raise CheckpointError(f"{manifest}: runs[{i}] must be a folder name inside {path}, got {n!r}")
-    states = {n: _state_of(path / n) for n in names}
+    states = {n: run_state(path / n) for n in names}
     rebuilt = _sweep_grid(meta)
     if rebuilt is not None and len(rebuilt[1]) == len(names):
         for n, point in zip(names, rebuilt[1]):
@@ -120,14 +121,14 @@ def load_sweep(
 def _load_run_folders(path: Path, model, prefix: str | None, strict: bool, pattern: str | None = None) -> SweepRuns:
     """Every sub-folder of `path` that holds checkpoints, as a run of `model`."""
     from dtg_gpu.core.failures import READ_ERRORS, warn_failures
-    from dtg_gpu.io.checkpoints import _natural_key, _scan_checkpoints
+    from dtg_gpu.io.folders import _natural_key, scan_checkpoints
 
     runs = SweepRuns(path=path)
     for sub in sorted(
         (d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: _natural_key(d.name)
     ):
         try:
-            if not (sub / "run.json").is_file() and not _scan_checkpoints(sub, pattern):
+            if not (sub / "run.json").is_file() and not scan_checkpoints(sub, pattern):
                 continue  # not a run folder
             runs.append(Run.from_dir(sub, model=model, prefix=prefix, pattern=pattern))
         except READ_ERRORS as exc:

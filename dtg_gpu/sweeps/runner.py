@@ -22,11 +22,11 @@ import torch
 from dtg_gpu.core.devices import resolve_device
 from dtg_gpu.core.validation import is_int
 from dtg_gpu.exceptions import DTGWarning, SweepLockedError
-from dtg_gpu.io.checkpoints import read_manifest
+from dtg_gpu.io.manifest import is_complete, read_manifest
 from dtg_gpu.sweeps.config import SweepConfig
 from dtg_gpu.sweeps.data import Dataset, load_dataset
 from dtg_gpu.sweeps.models import build_model
-from dtg_gpu.sweeps.state import _grid_mismatch, _is_complete, _write_json
+from dtg_gpu.sweeps.state import _grid_mismatch, _write_json
 from dtg_gpu.sweeps.training import _batches, train_batch, tune_cpu_malloc
 
 __all__ = ["run_sweep"]
@@ -86,7 +86,7 @@ def run_sweep(
     """
     out, names, grid, manifest = _prepare(cfg, out, executor, group_size)
     path = out / "sweep.json"
-    if path.is_file() and all(_is_complete(out / name, verify=True) for name in names):
+    if path.is_file() and all(is_complete(out / name, verify=True) for name in names):
         _warn_foreign(out, cfg, names, grid)
         return out
     ds = dataset or load_dataset(cfg.dataset, data_root, download)
@@ -101,7 +101,7 @@ def run_sweep(
             _write_json(path, manifest)
         # under the lock: what is complete (the recorded SHA-256 of every checkpoint checked)
         # is final; other folders are cleared or moved aside and trained again
-        todo = [(name, point) for name, point in zip(names, grid) if not _is_complete(out / name, verify=True)]
+        todo = [(name, point) for name, point in zip(names, grid) if not is_complete(out / name, verify=True)]
         _warn_foreign(out, cfg, names, grid)
         if todo and executor == "ray":
             from dtg_gpu.sweeps.ray_training import train_batches
@@ -184,7 +184,7 @@ def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:
 def _warn_foreign(out: Path, cfg: SweepConfig, names: list[str], grid: list[dict[str, Any]]) -> None:
     """Complete runs that are not the grid's are kept as they are (never trained over) and
     named; [`load_sweep`][dtg_gpu.sweeps.runner.load_sweep] leaves them out as failed."""
-    foreign = [why for n, p in zip(names, grid) if _is_complete(out / n) and (why := _grid_mismatch(out / n, cfg, p))]
+    foreign = [why for n, p in zip(names, grid) if is_complete(out / n) and (why := _grid_mismatch(out / n, cfg, p))]
     if foreign:
         warnings.warn(
             f"{out}: {len(foreign)} complete run(s) are not this sweep's and are left as they are "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -11,9 +10,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from dtg_gpu.core.files import atomic_write, confined_path
+from dtg_gpu.core.files import atomic_write
 from dtg_gpu.exceptions import CheckpointError, DTGWarning
-from dtg_gpu.io.checkpoints import read_manifest
+from dtg_gpu.io.manifest import read_manifest, run_state
 from dtg_gpu.sweeps.config import SweepConfig
 
 __all__ = ["ASIDE_DIRNAME"]
@@ -21,65 +20,6 @@ __all__ = ["ASIDE_DIRNAME"]
 
 def _write_json(path: Path, obj: Any) -> None:
     atomic_write(path, json.dumps(obj, indent=2))
-
-
-def _is_complete(folder: Path, verify: bool = False) -> bool:
-    """A run folder is complete when its `run.json` says so and every checkpoint it lists
-    is there, inside the folder, with the size (and with `verify`, the SHA-256) recorded."""
-    return _state_of(folder, verify=verify) == "complete"
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _state_of(folder: Path, verify: bool = False) -> str:
-    """`"complete"`, `"unfinished"` (no `run.json` yet: training stopped before the end),
-    or why a run is damaged: a `run.json` that cannot be read or does not say complete, a
-    file missing, outside the folder, not of the size recorded, or (`verify`) not of the
-    SHA-256 recorded."""
-    manifest = folder / "run.json"
-    if not manifest.exists() and not manifest.is_symlink():
-        return "unfinished"
-    try:
-        meta = read_manifest(manifest)
-    except CheckpointError as exc:
-        return f"{exc} (damaged; dtg sweep moves it aside and trains the run again)"
-    if not isinstance(meta, dict) or meta.get("complete") is not True:
-        return f"{manifest}: does not say the run is complete (not a run dtg sweep finished)"
-    cps = meta.get("checkpoints")
-    if not isinstance(cps, list) or not cps:
-        return f"{manifest}: complete but lists no checkpoints"
-    for i, c in enumerate(cps):
-        if not isinstance(c, dict):
-            return f"{manifest}: checkpoints[{i}] is not an object"
-        try:
-            f = confined_path(folder, c.get("file"), what=f"{manifest}: checkpoints[{i}].file")
-        except CheckpointError as exc:
-            return str(exc)
-        try:
-            size = f.stat().st_size if f.is_file() else None
-        except OSError:
-            size = None
-        if size is None:
-            return f"{f}: checkpoint file missing"
-        if "bytes" in c and c["bytes"] != size:
-            return (
-                f"{f}: {size} bytes, run.json recorded {c['bytes']} (damaged or truncated; "
-                "rerun the sweep to retrain the run)"
-            )
-        if verify and isinstance(c.get("sha256"), str):
-            try:
-                digest = _sha256_of(f)
-            except OSError as exc:
-                return f"{f}: cannot be read: {exc.strerror or exc}"
-            if digest != c["sha256"]:
-                return f"{f}: its SHA-256 is not the one run.json recorded (the file changed since training)"
-    return "complete"
 
 
 #: The files `dtg sweep` writes into a run folder before its `run.json`: checkpoints and
@@ -114,11 +54,11 @@ def _clear_for_training(out: Path, folder: Path) -> None:
     elif folder.is_dir():
         entries = list(folder.iterdir())
         own = all(e.is_file() and not e.is_symlink() and _OWN_PARTIAL.fullmatch(e.name) for e in entries)
-        if own and _state_of(folder) == "unfinished":
+        if own and run_state(folder) == "unfinished":
             for e in entries:
                 e.unlink()
         else:
-            state = _state_of(folder, verify=True)
+            state = run_state(folder, verify=True)
             _move_aside(out, folder, "unfinished, with files dtg did not write" if state == "unfinished" else state)
     folder.mkdir(exist_ok=True)
 

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from dtg_gpu.core.files import atomic_write
+from dtg_gpu.io.manifest import RunManifest, sha256_of
 from dtg_gpu.sweeps.config import SweepConfig, lr_factor
 from dtg_gpu.sweeps.data import Dataset
 from dtg_gpu.sweeps.grouped import GroupedSequential, sequential_layers
 from dtg_gpu.sweeps.models import build_model
-from dtg_gpu.sweeps.state import _clear_for_training, _sha256_of, _write_json
+from dtg_gpu.sweeps.state import _clear_for_training, _write_json
 
 __all__ = ["train_run", "train_group", "train_batch", "tune_cpu_malloc"]
 
@@ -33,7 +34,7 @@ def _save_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
 
 
 def _file_identity(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": _sha256_of(path)}
+    return {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -57,29 +58,29 @@ def _run_meta(
             f"{name}: training saved no checkpoint (checkpoint_every={cfg.checkpoint_every} "
             f"{cfg.checkpoint_unit}s is longer than the run); nothing is recorded as complete"
         )
-    return {
-        "name": name,
-        "model": cfg.model,
-        "model_kwargs": model_kwargs,
-        "dataset": cfg.dataset,
-        "lr": point["lr"],
-        "dropout": point["dropout"],
-        "seed": point["seed"],
-        "epochs": int(cfg.epochs),
-        "optimizer": cfg.optimizer,
-        "momentum": cfg.momentum,
-        "weight_decay": cfg.weight_decay,
-        "lr_schedule": cfg.lr_schedule,
-        "batch_size": int(cfg.batch_size),
-        "checkpoint_every": cfg.checkpoint_every,
-        "checkpoint_unit": cfg.checkpoint_unit,
-        "checkpoints": checkpoints,
-        "final_accuracy": test_acc,
-        "test_loss": _finite_or_none(test_loss),
-        "status": "diverged" if diverged else "complete",
-        "complete": True,
-        "seconds": round(seconds, 3),
-    }
+    return RunManifest(
+        name=name,
+        model=cfg.model,
+        model_kwargs=model_kwargs,
+        dataset=cfg.dataset,
+        lr=point["lr"],
+        dropout=point["dropout"],
+        seed=point["seed"],
+        epochs=int(cfg.epochs),
+        optimizer=cfg.optimizer,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        lr_schedule=cfg.lr_schedule,
+        batch_size=int(cfg.batch_size),
+        checkpoint_every=cfg.checkpoint_every,
+        checkpoint_unit=cfg.checkpoint_unit,
+        checkpoints=checkpoints,
+        final_accuracy=test_acc,
+        test_loss=_finite_or_none(test_loss),
+        status="diverged" if diverged else "complete",
+        complete=True,
+        seconds=round(seconds, 3),
+    ).to_dict()
 
 
 def _checkpoint_record(

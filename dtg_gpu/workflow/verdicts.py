@@ -23,7 +23,7 @@ from dtg_gpu.features.baselines import learning_curve, spectral_alpha, weight_st
 from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.statistics import layer_node_groups
 from dtg_gpu.features.temporal import FeatureRecipe, temporal_features
-from dtg_gpu.io.checkpoints import Run
+from dtg_gpu.io.run import Run
 from dtg_gpu.predictor.estimator import PerformancePredictor, label_runs
 from dtg_gpu.predictor.evaluation import evaluate
 from dtg_gpu.sweeps.loading import SweepRuns

@@ -89,7 +89,7 @@ class SweepWatcher:
     def run_folders(self) -> list[Path]:
         """The run folders: those `sweep.json` lists (in grid order), else every subfolder."""
         from dtg_gpu.core.files import confined_path
-        from dtg_gpu.io.checkpoints import read_manifest
+        from dtg_gpu.io.manifest import read_manifest
 
         manifest = self.sweep / "sweep.json"
         if manifest.is_file():
@@ -105,7 +105,7 @@ class SweepWatcher:
         """The model of a `dtg sweep` folder, from `sweep.json` (runs still training have no
         `run.json` yet)."""
         from dtg_gpu.exceptions import CheckpointError
-        from dtg_gpu.io.checkpoints import read_manifest
+        from dtg_gpu.io.manifest import read_manifest
         from dtg_gpu.sweeps.data import _dataset_shape
         from dtg_gpu.sweeps.models import build_model
 
@@ -120,17 +120,18 @@ class SweepWatcher:
 
     def _run_of(self, folder: Path):
         """`(Run, finished)` for one folder; a folder with no checkpoint yet gives `(None, False)`."""
-        from dtg_gpu.io.checkpoints import Run, _scan_checkpoints
-        from dtg_gpu.sweeps.state import _state_of
+        from dtg_gpu.io.folders import scan_checkpoints
+        from dtg_gpu.io.manifest import run_state
+        from dtg_gpu.io.run import Run
 
-        state = _state_of(folder)
+        state = run_state(folder)
         if state == "complete":
             return Run.from_dir(folder, model=self.model), True
         if state != "unfinished":
             from dtg_gpu.exceptions import CheckpointError
 
             raise CheckpointError(state)
-        files = _scan_checkpoints(folder) if folder.is_dir() else []
+        files = scan_checkpoints(folder) if folder.is_dir() else []
         if not files:
             return None, False
         if self.model is None:
@@ -153,7 +154,7 @@ class SweepWatcher:
         (a half-written file of a training loop that does not write atomically); returns
         that one's error, and the next pass tries it again."""
         from dtg_gpu.core.failures import READ_ERRORS
-        from dtg_gpu.io.checkpoints import Run
+        from dtg_gpu.io.run import Run
 
         start = len(seen.files)
         try:

@@ -1,0 +1,26 @@
+"""`dtg bench`: the centrality benchmark, from a source checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dtg_gpu.cli.common import _command
+
+
+# ------------------------------------------------------------------------------ bench
+def _bench_args(p):
+    p.add_argument("--quick", action="store_true", help="small graphs only")
+    p.add_argument("--out", default="benchmarks/results", help="results folder")
+
+
+def _bench_run(a) -> int:
+    import runpy
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_centrality.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} not found: 'dtg bench' runs from a source checkout")
+    runpy.run_path(str(script))["main"]((["--quick"] if a.quick else []) + ["--out", a.out])
+    return 0
+
+
+bench = _command("bench", "run the centrality benchmark (from a source checkout)", _bench_args, _bench_run)
