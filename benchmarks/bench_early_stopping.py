@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from dtg_gpu.early_stopping.rule import many_run_records  # noqa: E402
+from dtg_gpu.early_stopping.records import many_run_records  # noqa: E402
 from dtg_gpu.integrations.optuna import _STEP, DTGPruner  # noqa: E402
 from dtg_gpu.sweeps import load_sweep  # noqa: E402
 

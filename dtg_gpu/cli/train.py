@@ -38,7 +38,7 @@ def _train_args(p):
 
 
 def _train_run(a) -> int:
-    from dtg_gpu.predictor.estimator import architecture_signature, label_runs
+    from dtg_gpu.predictor.estimator import label_runs, weight_layout
 
     _writable(a.out)
 
@@ -63,7 +63,7 @@ def _train_run(a) -> int:
             "features": "spec" if a.spec else "default",
             **recipe.to_dict(),
             "covariates": list(a.covariates),
-            "architecture": architecture_signature(runs[0].topology),
+            "architecture": weight_layout(runs[0].topology),
         },
     )
     clf.fit(X.double().numpy(), y)

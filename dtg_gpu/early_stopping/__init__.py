@@ -1,21 +1,27 @@
-"""Early stopping: per-checkpoint records and the rule that turns them into a verdict."""
+"""Early stopping: one record per checkpoint (`records`) and the rule that turns a run's
+records into a stop/continue verdict (`rule`), which the Optuna and Ray Tune integrations
+and `dtg watch` share."""
 
-from dtg_gpu.early_stopping.rule import (
-    FEATURE_SETS,
-    StoppingRule,
+from dtg_gpu.early_stopping.records import (
+    RECORD_FEATURE_SETS,
     checkpoint_record,
     feature_vector,
     is_diverged,
+    many_run_records,
     peer_score,
     run_records,
 )
+from dtg_gpu.early_stopping.rule import RULE_PARAMS, StoppingRule, rule_options
 
 __all__ = [
-    "FEATURE_SETS",
+    "RECORD_FEATURE_SETS",
     "checkpoint_record",
     "run_records",
+    "many_run_records",
     "feature_vector",
     "peer_score",
     "is_diverged",
     "StoppingRule",
+    "rule_options",
+    "RULE_PARAMS",
 ]

@@ -146,7 +146,7 @@ def unit_key(
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def architecture_signature(topology, model) -> str:
+def cache_architecture_key(topology, model) -> str:
     """A short hash of the channel graph's layout and the model's class."""
     text = repr(
         (

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from dtg_gpu.engine.cache import CachedRun, FeatureCache, architecture_signature, run_id, unit_key
+from dtg_gpu.engine.cache import CachedRun, FeatureCache, cache_architecture_key, run_id, unit_key
 from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.engine.solve import GraphBatchResult, Unit, concat_results, iter_solve, plan_units
 from dtg_gpu.features.layout import StatisticsLayout
@@ -146,7 +146,7 @@ def plan_jobs(
     """Units of every architecture group, with their cache keys."""
     jobs = []
     for topo, rows in groups:
-        sig = architecture_signature(topo, runs[rows[0]].model) if cache is not None else ""
+        sig = cache_architecture_key(topo, runs[rows[0]].model) if cache is not None else ""
         for unit in plan_units(len(rows), s.k, topo, s.dtype, chunk_size):
             mine = rows[unit.start : unit.stop]
             members = [runs[i] for i in mine]

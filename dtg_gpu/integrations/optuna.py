@@ -21,7 +21,7 @@ In the objective, call [`report`][dtg_gpu.integrations.optuna.report] where you 
 [`report`][dtg_gpu.integrations.optuna.report] saves the model's weights as the trial's checkpoint at `step`
 (safetensors, written atomically to `<storage file>.dtg/<study>/trial-<number>/`, beside a
 SQLite or Journal-file storage; in memory for an in-memory study), stores the checkpoint's
-[`checkpoint_record`][dtg_gpu.early_stopping.rule.checkpoint_record] in the trial's system attributes
+[`checkpoint_record`][dtg_gpu.early_stopping.records.checkpoint_record] in the trial's system attributes
 (`dtg:step:<step>`) and calls `trial.report(value, step)` when a value is given. The pruner
 reads only what the trials stored, so several worker processes on one RDB or Journal storage
 see the same thing, and a study resumed on the same storage makes the same decisions (each
@@ -49,7 +49,8 @@ except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
 from dtg_gpu.core.validation import is_int, is_number
-from dtg_gpu.early_stopping.rule import StoppingRule, checkpoint_record, is_diverged, rule_params
+from dtg_gpu.early_stopping.records import checkpoint_record, is_diverged
+from dtg_gpu.early_stopping.rule import StoppingRule, rule_options
 
 __all__ = ["DTGPruner", "report", "checkpoint_folder", "set_checkpoint_folder", "trial_records", "trial_run"]
 
@@ -229,31 +230,15 @@ class DTGPruner(optuna.pruners.BasePruner):
     ----------
     predictor : PerformancePredictor, optional
         Trained on an earlier sweep (`dtg train`); used as is. Default: learn online.
-    min_probability : float, default 0.3
-    patience : int, default 1
-    n_startup_trials : int, default 10
-        Completed trials needed before anything is pruned (online learning).
-    n_warmup_steps : int, default 0
-        Steps below this are never pruned.
-    threshold : "median" or float, default "median"
-        Sufficient = final value at least (maximize) or at most (minimize) this; the
-        study's direction is respected.
-    features : str, default "dtg_per_layer"
-        One of `FEATURE_SETS`; see
-        [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule] for why per-layer statistics are the default.
-    use_values : bool or "auto", default "auto"
-        Also learn from the values reported with [`report`][dtg_gpu.integrations.optuna.report] when every trial has them
-        (`False`: data-free).
-    alpha : float, default 0.5
-    fold_batchnorm : bool, default False
-        Judge from the graph with batch norm folded into the layer before it (see
-        [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule]); no effect on a network without batch norm.
-    warm_start : bool, default True
-        Before enough trials have completed, prune a trial that stays behind the others at
-        the same step ([`peer_score`][dtg_gpu.early_stopping.rule.peer_score], and the reported value
-        when there is one), as `MedianPruner` does with values.
-    n_peers : int, default 5
-        Trials at the same step needed for that comparison.
+    **rule
+        The stopping rule's options, as in
+        [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule] (`min_probability=0.3`,
+        `patience=1`, `n_startup_trials=10` completed trials, `n_warmup_steps=0`,
+        `threshold="median"`, `features="dtg_per_layer"`, `use_values="auto"` (the values
+        reported with [`report`][dtg_gpu.integrations.optuna.report]), `alpha=0.5`,
+        `fold_batchnorm=False`, `warm_start=True` (before enough trials have completed,
+        prune a trial that stays behind the others at the same step, as `MedianPruner` does
+        with values), `n_peers=5`); the study's direction is respected.
 
     Notes
     -----
@@ -262,23 +247,8 @@ class DTGPruner(optuna.pruners.BasePruner):
     pruners. Optuna refuses pruning in multi-objective studies, and so does this pruner.
     """
 
-    def __init__(
-        self,
-        predictor=None,
-        *,
-        min_probability: float = 0.3,
-        patience: int = 1,
-        n_startup_trials: int = 10,
-        n_warmup_steps: int = 0,
-        threshold: Any = "median",
-        features: str = "dtg_per_layer",
-        use_values: Any = "auto",
-        alpha: float = 0.5,
-        fold_batchnorm: bool = False,
-        warm_start: bool = True,
-        n_peers: int = 5,
-    ) -> None:
-        self._params = rule_params(locals())
+    def __init__(self, predictor=None, **rule: Any) -> None:
+        self._params = rule_options(predictor, **rule)
         self._rules: dict[str, StoppingRule] = {}
         self._rule("maximize")  # validates the parameters now, not at the first prune
 

@@ -17,7 +17,7 @@ The trainable reports a checkpoint with each result, as Tune users do already::
 At each result that carries a checkpoint (`checkpoint_dir_name`), the scheduler reads the
 weights file in it (`*.safetensors` preferred, else `*.pt`/`*.pth`/`*.bin`/`*.ckpt`,
 read with `weights_only=True`), summarises it with
-[`checkpoint_record`][dtg_gpu.early_stopping.rule.checkpoint_record] and applies the same
+[`checkpoint_record`][dtg_gpu.early_stopping.records.checkpoint_record] and applies the same
 [`StoppingRule`][dtg_gpu.early_stopping.rule.StoppingRule] as the Optuna pruner: learn online from the trials
 that finished, `STOP` a trial whose $P(\text{sufficient})$ stays below
 `min_probability` for `patience` results. `metric`/`mode` is the final value that labels
@@ -50,7 +50,8 @@ except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.ray_tune needs Ray Tune: pip install 'dtg_gpu[ray]'") from None
 
 from dtg_gpu.core.validation import is_number
-from dtg_gpu.early_stopping.rule import StoppingRule, checkpoint_record, is_diverged, rule_params
+from dtg_gpu.early_stopping.records import checkpoint_record, is_diverged
+from dtg_gpu.early_stopping.rule import StoppingRule, rule_options
 
 __all__ = ["DTGScheduler", "DTGStopper", "checkpoint_weights"]
 
@@ -184,9 +185,11 @@ class DTGScheduler(FIFOScheduler):
         The value that labels finished trials (default: `TuneConfig`'s).
     checkpoint_file : str, optional
         The weights file's name inside each reported checkpoint folder (default: found).
-    predictor, min_probability, patience, n_startup_trials, n_warmup_steps, threshold, features,
-    use_values, alpha, fold_batchnorm, warm_start, n_peers
-        As in [`DTGPruner`][dtg_gpu.integrations.optuna.DTGPruner]; `n_warmup_steps` counts
+    predictor : PerformancePredictor, optional
+        Trained on an earlier sweep; used as is. Default: learn online.
+    **rule
+        The stopping rule's options ([`rule_options`][dtg_gpu.early_stopping.rule.rule_options]),
+        as in [`DTGPruner`][dtg_gpu.integrations.optuna.DTGPruner]; `n_warmup_steps` counts
         checkpoints.
     """
 
@@ -198,17 +201,7 @@ class DTGScheduler(FIFOScheduler):
         mode: str | None = None,
         checkpoint_file: str | None = None,
         predictor=None,
-        min_probability: float = 0.3,
-        patience: int = 1,
-        n_startup_trials: int = 10,
-        n_warmup_steps: int = 0,
-        threshold: Any = "median",
-        features: str = "dtg_per_layer",
-        use_values: Any = "auto",
-        alpha: float = 0.5,
-        fold_batchnorm: bool = False,
-        warm_start: bool = True,
-        n_peers: int = 5,
+        **rule: Any,
     ) -> None:
         super().__init__()
         if mode not in (None, "min", "max"):
@@ -219,7 +212,7 @@ class DTGScheduler(FIFOScheduler):
             metric,
             mode,
             checkpoint_file,
-            rule_params(locals()),
+            rule_options(predictor, **rule),
         )
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
@@ -280,8 +273,7 @@ class DTGStopper(Stopper):
         `storage_path/name`), where each trial's folder is found by its id.
     metric, mode : str
         The value that labels finished trials.
-    checkpoint_file, predictor, min_probability, patience, n_startup_trials, n_warmup_steps,
-    threshold, features, use_values, alpha, fold_batchnorm, warm_start, n_peers
+    checkpoint_file, predictor, **rule
         As in [`DTGScheduler`][dtg_gpu.integrations.ray_tune.DTGScheduler].
     """
 
@@ -294,17 +286,7 @@ class DTGStopper(Stopper):
         mode: str = "max",
         checkpoint_file: str | None = None,
         predictor=None,
-        min_probability: float = 0.3,
-        patience: int = 1,
-        n_startup_trials: int = 10,
-        n_warmup_steps: int = 0,
-        threshold: Any = "median",
-        features: str = "dtg_per_layer",
-        use_values: Any = "auto",
-        alpha: float = 0.5,
-        fold_batchnorm: bool = False,
-        warm_start: bool = True,
-        n_peers: int = 5,
+        **rule: Any,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
@@ -314,7 +296,7 @@ class DTGStopper(Stopper):
             metric,
             mode,
             checkpoint_file,
-            rule_params(locals()),
+            rule_options(predictor, **rule),
         )
 
     def _folder(self, trial_id: str) -> Path | None:

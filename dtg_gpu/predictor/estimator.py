@@ -191,7 +191,7 @@ def _one_thread(device: torch.device):
         torch.set_num_threads(threads)
 
 
-def architecture_signature(topology) -> list:
+def weight_layout(topology) -> list:
     """`[[param, [weight shape]], ...]` of a channel topology's weight layers, in forward
     order: what a saved predictor records about the runs it was trained on."""
     return [[layer.param, list(layer.weight_shape)] for layer in topology.layers]
@@ -629,7 +629,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if arch is not None:  # trained on one architecture: refuse runs of another, by name
             for r in runs:
                 try:
-                    sig = architecture_signature(r.topology)
+                    sig = weight_layout(r.topology)
                 except READ_ERRORS:
                     continue  # featurize reports it
                 if sig != arch:

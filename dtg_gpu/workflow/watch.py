@@ -5,7 +5,7 @@ A run folder counts as finished when its `run.json` says `complete` (`dtg sweep`
 format); until then its checkpoint files are read as they appear (files are written under a
 temporary name and renamed, so a half-written one is never seen). Finished runs with a
 `final_accuracy` teach the online rule; a given predictor is used as is. Each checkpoint is
-summarised once ([`run_records`][dtg_gpu.early_stopping.rule.run_records]), so a pass costs only the new
+summarised once ([`run_records`][dtg_gpu.early_stopping.records.run_records]), so a pass costs only the new
 checkpoints.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from dtg_gpu.core.validation import is_number
-from dtg_gpu.early_stopping.rule import StoppingRule, is_diverged, many_run_records, run_records
+from dtg_gpu.early_stopping.records import is_diverged, many_run_records, run_records
+from dtg_gpu.early_stopping.rule import StoppingRule
 
 __all__ = ["Verdict", "SweepWatcher"]
 
