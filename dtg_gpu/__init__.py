@@ -47,8 +47,8 @@ _LAZY = {
     "BlockOperator": "dtg_gpu.graph.operators",
     "filter_norms": "dtg_gpu.graph.operators",
     "PerformancePredictor": "dtg_gpu.predictor.estimator",
-    "label_runs": "dtg_gpu.predictor.estimator",
-    "split_runs": "dtg_gpu.predictor.estimator",
+    "label_runs": "dtg_gpu.predictor.labels",
+    "split_runs": "dtg_gpu.predictor.labels",
     "STATISTICS": "dtg_gpu.features.statistics",
     "timestep_statistics": "dtg_gpu.features.statistics",
     "ChannelTopology": "dtg_gpu.topology.types",
@@ -66,8 +66,9 @@ if TYPE_CHECKING:
     from dtg_gpu.graph.operators import BlockOperator, filter_norms
     from dtg_gpu.io.checkpoints import load_state_dict
     from dtg_gpu.io.run import Run
-    from dtg_gpu.predictor.estimator import PerformancePredictor, label_runs, split_runs
+    from dtg_gpu.predictor.estimator import PerformancePredictor
     from dtg_gpu.predictor.evaluation import evaluate
+    from dtg_gpu.predictor.labels import label_runs, split_runs
     from dtg_gpu.topology.trace import channel_topology
     from dtg_gpu.topology.types import ChannelTopology, WeightLayer
 

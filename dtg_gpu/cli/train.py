@@ -38,7 +38,8 @@ def _train_args(p):
 
 
 def _train_run(a) -> int:
-    from dtg_gpu.predictor.estimator import label_runs, weight_layout
+    from dtg_gpu.predictor.labels import label_runs
+    from dtg_gpu.topology.types import weight_layout
 
     _writable(a.out)
 

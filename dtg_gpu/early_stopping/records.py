@@ -79,7 +79,7 @@ def run_records(run, device=None, start: int = 0) -> list[dict]:
     from dtg_gpu.features.baselines import tensor_statistics
     from dtg_gpu.features.temporal import FeatureRecipe
     from dtg_gpu.io.run import Run
-    from dtg_gpu.predictor.estimator import weight_layout
+    from dtg_gpu.topology.types import weight_layout
 
     part = Run(
         model=run.model,
@@ -124,7 +124,7 @@ def many_run_records(
     from dtg_gpu.features.baselines import tensor_statistics
     from dtg_gpu.features.temporal import FeatureRecipe
     from dtg_gpu.io.run import Run
-    from dtg_gpu.predictor.estimator import weight_layout
+    from dtg_gpu.topology.types import weight_layout
 
     out: list[list[dict] | str] = [[] for _ in runs]
     groups: dict[tuple, list[int]] = {}
@@ -178,7 +178,7 @@ def many_run_records(
 
 
 def architecture_key(signature: Sequence) -> str:
-    """A short hash of [`weight_layout`][dtg_gpu.predictor.estimator.weight_layout] (what each checkpoint
+    """A short hash of [`weight_layout`][dtg_gpu.topology.types.weight_layout] (what each checkpoint
     record carries, so a predictor of another architecture is refused)."""
     import hashlib
     import json

@@ -23,7 +23,7 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from dtg_gpu.predictor.estimator import split_runs
+from dtg_gpu.predictor.labels import split_runs
 
 __all__ = ["METRICS", "evaluate", "summarize"]
 

@@ -331,3 +331,9 @@ class _FoldedBatchNorm:
 
     def __repr__(self) -> str:
         return f"FoldedBatchNorm(eps={self.eps}, affine={self.affine})"
+
+
+def weight_layout(topology) -> list:
+    """`[[param, [weight shape]], ...]` of a channel topology's weight layers, in forward
+    order: what a saved predictor records about the runs it was trained on."""
+    return [[layer.param, list(layer.weight_shape)] for layer in topology.layers]

@@ -24,8 +24,9 @@ from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.statistics import layer_node_groups
 from dtg_gpu.features.temporal import FeatureRecipe, temporal_features
 from dtg_gpu.io.run import Run
-from dtg_gpu.predictor.estimator import PerformancePredictor, label_runs
+from dtg_gpu.predictor.estimator import PerformancePredictor
 from dtg_gpu.predictor.evaluation import evaluate
+from dtg_gpu.predictor.labels import label_runs
 from dtg_gpu.sweeps.loading import SweepRuns
 
 __all__ = ["SweepFeatures", "featurize_sweep", "feature_sets", "compare", "run_verdicts", "FEATURE_SETS"]

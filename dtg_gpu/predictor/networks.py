@@ -1,0 +1,56 @@
+"""The predictor's torch networks: a small MLP, or one linear head per feature block, averaged (one model per feature set); run on one CPU thread for reproducibility."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def _one_thread(device: torch.device):
+    """Train the MLP on one CPU thread, then restore the caller's count. Its tensors are tiny
+    (a batch of 32 runs × ~100 features), so intra-op threads cost more than they share:
+    measured on 2 cores, 0.34–0.48 s per default fit on one thread against 0.97–1.8 s on two."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _BlockHeads(torch.nn.Module):
+    """One linear head per block of columns (a logistic regression each), as one
+    `Linear(d, B)` whose weight is masked to the blocks; `forward` gives the `B` logits."""
+
+    def __init__(self, blocks: Sequence[int]):
+        super().__init__()
+        d, b = int(sum(blocks)), len(blocks)
+        self.linear = torch.nn.Linear(d, b)
+        mask = torch.zeros(b, d)
+        start = 0
+        for i, w in enumerate(blocks):
+            mask[i, start : start + int(w)] = 1.0
+            start += int(w)
+        self.mask: torch.Tensor
+        self.register_buffer("mask", mask, persistent=False)
+        with torch.no_grad():
+            self.linear.weight.mul_(mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.linear.weight * self.mask, self.linear.bias)
+
+
+def _mlp(n_in: int, hidden: Sequence[int], n_out: int) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    width = n_in
+    for h in hidden:
+        layers += [torch.nn.Linear(width, int(h)), torch.nn.ReLU()]
+        width = int(h)
+    layers.append(torch.nn.Linear(width, n_out))
+    return torch.nn.Sequential(*layers)
