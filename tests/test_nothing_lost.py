@@ -252,7 +252,7 @@ def test_stale_temporaries_of_a_killed_featurize_are_cleaned(small_sweep, tmp_pa
     import torch
 
     out = _copy(small_sweep, tmp_path / "s")
-    _stats(out, dtype=torch.float64)
+    _stats(out, solver=dtg_gpu.SolverOptions(dtype=torch.float64))
     cache = out / ".dtg-cache"
     entry = next(cache.iterdir())
     old = entry / ".abc.safetensors.1234abcd.tmp.safetensors"
@@ -421,7 +421,7 @@ def test_out_of_memory_is_one_line_with_what_to_lower(small_sweep, tmp_path, mon
     def no_memory(*a, **k):
         raise MemoryError()
 
-    monkeypatch.setattr("dtg_gpu.analysis.featurize_with_failures", no_memory)
+    monkeypatch.setattr("dtg_gpu.analysis.extract_features", no_memory)
     assert main(["featurize", str(small_sweep), "-k", "1", "--out", str(tmp_path / "f.csv")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dtg featurize: error: out of memory; use --device cpu") and err.count("\n") == 1
@@ -429,7 +429,7 @@ def test_out_of_memory_is_one_line_with_what_to_lower(small_sweep, tmp_path, mon
     def torch_oom(*a, **k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory: 1 TB")
 
-    monkeypatch.setattr("dtg_gpu.analysis.featurize_with_failures", torch_oom)
+    monkeypatch.setattr("dtg_gpu.analysis.extract_features", torch_oom)
     assert main(["featurize", str(small_sweep), "-k", "1", "--out", str(tmp_path / "f.csv")]) == 1
     assert "can't allocate memory: 1 TB; use --device cpu" in capsys.readouterr().err
 
@@ -486,13 +486,13 @@ def test_watch_solves_every_runs_new_checkpoints_in_batches(small_sweep, tmp_pat
 
     live = _live(small_sweep, tmp_path)
     calls = []
-    real = analysis.featurize_with_failures
+    real = analysis.extract_features
 
-    def counted(runs, **kw):
+    def counted(runs, *a, **kw):
         calls.append(len(runs))
-        return real(runs, **kw)
+        return real(runs, *a, **kw)
 
-    monkeypatch.setattr(analysis, "featurize_with_failures", counted)
+    monkeypatch.setattr(analysis, "extract_features", counted)
     w = SweepWatcher(live)
     w.poll()
     assert calls == [2]  # both runs (2 checkpoints each) in one solve, not one solve per run

@@ -14,13 +14,20 @@ PUBLIC = {
     "AnalysisResult",
     "featurize",
     "load_state_dict",
+    # options and the full result of featurising (a deliberate addition: the options objects
+    # replace featurize's sixteen parameters and its return_stats overloads)
+    "SolverOptions",
+    "FeatureRecipe",
+    "feature_recipe",
+    "extract_features",
+    "FeatureResult",
     # graphs and centrality
     "ChannelTopology",
     "WeightLayer",
     "channel_topology",
     "BlockOperator",
     "filter_norms",
-    "native_status",  # which kernel takes the CPU filter norms (session 14): benchmarks report it
+    "native_status",  # which kernel takes the CPU filter norms: benchmarks report it
     "eigenvector_centrality",
     "solve_perron",
     "EigenResult",

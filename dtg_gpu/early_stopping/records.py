@@ -205,7 +205,7 @@ def checkpoint_record(model: torch.nn.Module, state: Mapping[str, torch.Tensor] 
         ($\log\lambda_1$), `per_layer` (the five statistics of each layer's nodes, see
         `layer_node_groups`), `weight_stats` (mean, std and five
         quantiles of each weight layer). Non-finite numbers are `None` (JSON-able). When the
-        network has batch norm to fold (see `featurize(fold_batchnorm=True)`), `folded`
+        network has batch norm to fold (see `featurize` with batch norm folded), `folded`
         holds `dtg`, `per_layer` and `log_eigenvalue` of the graph of its
         inference-time effective weights too (a second solve).
 
@@ -246,7 +246,7 @@ def feature_vector(
     (`5·k` numbers for `"dtg"`), then the weight statistics of checkpoint `k`
     (`"dtg+weight_stats"`), then the first `k` reported values when `values` is given.
     `fold_batchnorm`: the graph statistics of the records' `folded` block where they
-    have one (a network with batch norm to fold), as `featurize(fold_batchnorm=True)`.
+    have one (a network with batch norm to fold), as `featurize` with batch norm folded.
 
     Examples
     --------

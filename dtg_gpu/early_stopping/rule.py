@@ -106,7 +106,7 @@ class StoppingRule:
     features : str, default "dtg_per_layer"
         One of `RECORD_FEATURE_SETS` (online learning only). The default adds the five
         statistics of each layer's nodes to the method's five of the whole graph (an option
-        beyond the method, as in `featurize(per_layer=True)`): on the replayed digits LeNet-5 sweep
+        beyond the method, as in the per-layer statistics of `featurize`): on the replayed digits LeNet-5 sweep
         the global statistics alone let the pruner save 12 % of the compute, per-layer ones
         55 % (`benchmarks/results/early_stopping.md`).
     threshold : "median", "qX" or float, default "median"
@@ -130,7 +130,7 @@ class StoppingRule:
         Temporal reinforcement constant (the method).
     fold_batchnorm : bool, default False
         Learn from the graph of the inference-time effective weights (batch norm folded
-        into the layer before it, as `featurize(fold_batchnorm=True)`) where the records
+        into the layer before it, as `featurize` with batch norm folded) where the records
         hold one ([`checkpoint_record`][dtg_gpu.early_stopping.records.checkpoint_record]); a network without batch norm to fold is
         unaffected. A given `predictor` uses its own `feature_settings` instead.
     warm_start : bool, default True

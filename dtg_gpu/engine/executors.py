@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Literal
 
 import torch
 
 from dtg_gpu.engine.cache import FeatureCache, run_id
-from dtg_gpu.engine.solve import GraphBatchResult, concat_results, iter_solve, warn_results
+from dtg_gpu.engine.solve import GraphBatchResult, SolveFlags, concat_results, iter_solve, warn_results
 from dtg_gpu.engine.units import Job, SolveSettings, UnitResult, plan_jobs, store, unit_chunks, unit_result
 from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
@@ -146,13 +145,13 @@ def _warn_jobs(jobs: Sequence[Job], k: int) -> None:
     for group in by_topo.values():
         items = [(r, t) for job, _ in group for r in job.runs for t in range(k)]
         entries = [e for _, res in group for e in res.entries]
-        out = SimpleNamespace(
+        out = SolveFlags(
             error=[e for _, res in group for errs in res.errors for e in errs],
             **{
                 f: torch.cat([getattr(e, f) for e in entries]) for f in ("residual", "finite", "converged", "connected")
             },
         )
-        warn_results(items, out, stacklevel=5)  # type: ignore[arg-type]  # the fields it reads
+        warn_results(items, out, stacklevel=6)
 
 
 def default_cache(runs: Any, cache: Any) -> FeatureCache | None:

@@ -342,7 +342,18 @@ def _names(items, mask) -> str:
     return ", ".join(hits[:8]) + more
 
 
-def warn_results(items, out: GraphBatchResult, stacklevel: int = 3) -> None:
+@dataclass
+class SolveFlags:
+    """Per graph: the flags the warnings read (of solved graphs, or of cached runs)."""
+
+    residual: torch.Tensor
+    finite: torch.Tensor
+    converged: torch.Tensor
+    connected: torch.Tensor
+    error: list
+
+
+def warn_results(items, out: GraphBatchResult | SolveFlags, stacklevel: int = 3) -> None:
     """The non-finite, not-converged and disconnected graphs of `out`, each kind in one warning."""
     unread = torch.tensor([e is not None for e in out.error], dtype=torch.bool)
     nonfinite = ~out.finite & ~unread  # unreadable checkpoints are reported by the caller

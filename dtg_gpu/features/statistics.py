@@ -114,7 +114,7 @@ def layer_statistics(x: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.T
     r"""The five statistics of each node group of each vector: `[G, 5·L]` in one pass.
 
     `x` is `[G, N]`; group `l` is the index tensor `groups[l]`. Columns are
-    `[group 0: mean … kurtosis, group 1: …]`. Used by `featurize(per_layer=True)`.
+    `[group 0: mean … kurtosis, group 1: …]`. Used by the per-layer statistics of `featurize`.
 
     Examples
     --------
