@@ -395,47 +395,21 @@ class _IdInterpreter(torch.fx.Interpreter):
         elif attrs:
             self.attr_of[n] = attrs[0]  # a parameter, indexed, reshaped or computed on without any input
         target: Any = n.target  # a str (module, method) or a callable (function)
+        if n.op == "call_module":
+            return self._module_ids(n, self.modules[target], result)
         if n.op == "call_function" and target in _PACKED_ATTENTION:
             return self._packed_attention(n, result)
-        if n.op == "call_module":
-            mod = self.modules[target]
-            if isinstance(mod, _CONV):
-                return self._layer(n, result, target, "conv", mod)
-            if isinstance(mod, nn.Linear):
-                return self._layer(n, result, target, "linear", mod)
-            if isinstance(mod, nn.MultiheadAttention):
-                return self._attention(n, mod, result)
-            if isinstance(mod, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
-                return self._encoder(n, mod, result)
-            if any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
-                from dtg_gpu.topology.fx_pass import unknown_module_message
-
-                raise TopologyError(unknown_module_message(str(target), mod))
-            if isinstance(mod, (nn.Flatten, nn.Unflatten, nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle)):
-                return mod(self._with_ids(n.args[0]))
-            return self._generic(n, result)
         if n.op == "call_function" and (target in _CONV_FNS or target in _LINEAR_FNS):
-            kind = "conv" if target in _CONV_FNS else "linear"
-            return self._layer(n, result, n.name, kind)
+            return self._layer(n, result, n.name, "conv" if target in _CONV_FNS else "linear")
         if (n.op == "call_function" and target in _ADD) or (n.op == "call_method" and target in _ADD_METHODS):
-            self.joined.update(self.attr_of[a] for a in operands if a in self.attr_of)
-            a, b = (self._with_ids(x) for x in (list(n.args) + [None])[:2])
-            if not isinstance(b, torch.Tensor):
-                return self._keep(n, a, result.shape) if isinstance(a, torch.Tensor) else None
-            if not isinstance(a, torch.Tensor):
-                return self._keep(n, b, result.shape)
-            return self._merge(a, b, result.shape)
+            return self._sum_ids(n, operands, result)
         if n.op == "call_function" and target is _SDPA:
             v = n.args[2] if len(n.args) > 2 else n.kwargs.get("value")
             return self._keep(n, self._with_ids(v), result.shape)
         if (n.op == "call_function" and (target in _MATMUL or target is torch.einsum)) or (
             n.op == "call_method" and target in _MATMUL_METHODS
         ):
-            tensors = [self._with_ids(a) for a in operands if isinstance(self.env[a], torch.Tensor)]
-            carrying = [t for t in tensors if _has(t)]
-            if len(carrying) != 1:
-                return _none(result.shape)  # q·kᵀ carries no channels (the method)
-            return self._keep(n, carrying[0], result.shape)
+            return self._product_ids(n, operands, result)
         if n.op == "call_function" and target in (torch.cat, torch.concat, torch.stack):
             self.joined.update(self.attr_of[a] for a in operands if a in self.attr_of)
         if (n.op == "call_method" and target in _LAYOUT_METHODS) or (n.op == "call_function" and target in _LAYOUT_FNS):
@@ -447,6 +421,38 @@ class _IdInterpreter(torch.fx.Interpreter):
             args = self._with_ids(list(n.args))
             return nn.functional.pad(args[0], *args[1:2], mode="constant", value=-1)
         return self._generic(n, result)
+
+    def _module_ids(self, n: torch.fx.Node, mod: Any, result):
+        """A module call: a weight layer, attention, a parametrised module dtg_gpu does not
+        know (an error), a pure rearrangement, or the generic rule."""
+        for kinds, rule in _MODULE_RULES:
+            if isinstance(mod, kinds):
+                return rule(self, n, mod, result)
+        if any(True for _ in mod.parameters(recurse=False)) and not isinstance(mod, _PARAM_OK):
+            from dtg_gpu.topology.fx_pass import unknown_module_message
+
+            raise TopologyError(unknown_module_message(str(n.target), mod))
+        if isinstance(mod, (nn.Flatten, nn.Unflatten, nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle)):
+            return mod(self._with_ids(n.args[0]))
+        return self._generic(n, result)
+
+    def _sum_ids(self, n: torch.fx.Node, operands: list, result):
+        """`a + b` and the like: the channel ids of both operands merged (a parameter joined)."""
+        self.joined.update(self.attr_of[a] for a in operands if a in self.attr_of)
+        a, b = (self._with_ids(x) for x in (list(n.args) + [None])[:2])
+        if not isinstance(b, torch.Tensor):
+            return self._keep(n, a, result.shape) if isinstance(a, torch.Tensor) else None
+        if not isinstance(a, torch.Tensor):
+            return self._keep(n, b, result.shape)
+        return self._merge(a, b, result.shape)
+
+    def _product_ids(self, n: torch.fx.Node, operands: list, result):
+        """A matrix product carries the channels of its one channel-carrying operand."""
+        tensors = [self._with_ids(a) for a in operands if isinstance(self.env[a], torch.Tensor)]
+        carrying = [t for t in tensors if _has(t)]
+        if len(carrying) != 1:
+            return _none(result.shape)  # q·kᵀ carries no channels (the method)
+        return self._keep(n, carrying[0], result.shape)
 
     def _rearranged(self, n: torch.fx.Node, src: torch.Tensor, result: torch.Tensor) -> torch.Tensor | None:
         """The op applied to the ids, when it only moves, copies or pads elements.
@@ -568,6 +574,15 @@ class _IdInterpreter(torch.fx.Interpreter):
         if x is None or x.flat:
             raise TopologyError(f"{type(mod).__name__} {n.target!r}: its input does not carry one channel per feature")
         return _broadcast(known_ids(encoder_layers(self.builder, str(n.target), mod, x)), result.shape, -1)
+
+
+#: module type(s) -> the ids a call of such a module gives; first match wins
+_MODULE_RULES: tuple[tuple[Any, Any], ...] = (
+    (_CONV, lambda p, n, mod, result: p._layer(n, result, n.target, "conv", mod)),
+    (nn.Linear, lambda p, n, mod, result: p._layer(n, result, n.target, "linear", mod)),
+    (nn.MultiheadAttention, lambda p, n, mod, result: p._attention(n, mod, result)),
+    ((nn.TransformerEncoder, nn.TransformerEncoderLayer), lambda p, n, mod, result: p._encoder(n, mod, result)),
+)
 
 
 class _Columns:
