@@ -48,7 +48,7 @@ def write_cifar_vgg(path: Path, runs: int = 16, t: int = 10) -> Path:
     from safetensors.torch import save_file
 
     from dtg_gpu.core.files import atomic_write
-    from dtg_gpu.sweeps.models import build_model
+    from dtg_gpu.models import build_model
 
     if (path / "sweep.json").is_file():
         return path

@@ -57,7 +57,7 @@ def _synthetic(model, runs: int, t: int):
 
 def _runs(workload: str, work: Path, runs: int, t: int):
     from dtg_gpu import Run
-    from dtg_gpu.sweeps.models import build_model
+    from dtg_gpu.models import build_model
 
     if workload.startswith("mem:"):  # mem:<model>:<width>
         _, name, width = workload.split(":")
@@ -123,7 +123,7 @@ def _write_vgg(work: Path, runs: int, t_first: int, t: int) -> None:
     """Run 0 gets ``t_first`` checkpoints (the T series), the others ``t`` (the runs series)."""
     from safetensors.torch import save_file
 
-    from dtg_gpu.sweeps.models import build_model
+    from dtg_gpu.models import build_model
 
     for i in range(runs):
         t_i = t_first if i == 0 else t
@@ -248,7 +248,7 @@ def main(argv=None):
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    from dtg_gpu.sweeps.models import build_model
+    from dtg_gpu.models import build_model
     from dtg_gpu.topology import channel_topology
 
     edges = []  # featurise time against graph size: in-memory runs, T = 10

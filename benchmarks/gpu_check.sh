@@ -19,8 +19,8 @@ $PY -c "import dtg_gpu, torch; print('dtg_gpu ok, torch', torch.__version__, 'cu
   > "$OUT/import.txt" 2>&1 || { cat "$OUT/import.txt"; exit 1; }
 { nvidia-smi; $PY -c "import sys; from dtg_gpu.cli.main import main; sys.exit(main(['env']))"; } > "$OUT/machine.txt" 2>&1
 # the device fixture runs every engine test on cuda too when CUDA is present
-timeout 120 $PY -m pytest -q -x tests/test_analysis.py tests/test_centrality.py tests/test_graph.py \
-  tests/test_bipartite.py tests/test_grouped.py -p no:cacheprovider > "$OUT/tests_cuda.txt" 2>&1
+timeout 120 $PY -m pytest -q -x tests/test_analysis.py tests/test_centrality.py tests/graph/test_operators.py \
+  tests/graph/test_bipartite.py tests/sweeps/test_grouped.py -p no:cacheprovider > "$OUT/tests_cuda.txt" 2>&1
 echo "tests rc=$?" >> "$OUT/tests_cuda.txt"
 # the targets first (CIFAR VGG-16 at T=50, torchvision VGG-11), NetworkX timed for 1 step and
 # extrapolated; then the other models. Each run saves its JSON after every model.

@@ -38,6 +38,31 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def trained_sweep(tmp_path_factory):
+    """`trained_sweep(cfg) -> folder`: the sweep of `cfg` (a `SweepConfig`), trained once per
+    test session and copied into a fresh folder for each caller, so that a module may change
+    its copy (tamper with a file, write a cache) without touching another's. The one way the
+    tests make a sweep on disk."""
+    import shutil
+
+    from dtg_gpu.sweeps import SweepConfig, run_sweep
+
+    trained: dict[str, str] = {}
+
+    def make(cfg: SweepConfig, name: str = "sweep"):
+        key = repr(cfg)
+        if key not in trained:
+            trained[key] = str(
+                run_sweep(cfg, tmp_path_factory.mktemp("trained") / "sweep", progress=False, device="cpu")
+            )
+        dst = tmp_path_factory.mktemp("sweep") / name
+        shutil.copytree(trained[key], dst, ignore=shutil.ignore_patterns(".dtg-cache"))
+        return dst
+
+    return make
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     """Runs the test on the CPU, and again on CUDA when present (PyG's withCUDA)."""

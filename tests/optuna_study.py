@@ -19,8 +19,8 @@ import optuna
 import torch
 
 from dtg_gpu.integrations.optuna import DTGPruner, report
+from dtg_gpu.models import LeNet5
 from dtg_gpu.sweeps.data import load_dataset
-from dtg_gpu.sweeps.models import LeNet5
 
 CONFIGS = [{"lr": lr, "seed": s} for s in range(2) for lr in (0.05, 0.02, 0.1, 3.0, 1e-5, 0.01, 3e-5, 0.03)]
 EPOCHS = 4

@@ -6,7 +6,7 @@ from conftest import GroupedNet, make_checkpoints
 
 import dtg_gpu
 from dtg_gpu import ConvergenceWarning, DisconnectedGraphWarning, NonFiniteWeightsWarning, Run, analyze
-from dtg_gpu.sweeps.models import LeNet5, build_model
+from dtg_gpu.models import LeNet5, build_model
 from dtg_gpu.testing.reference import reference_centrality, reference_graph
 
 MODELS = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dtg_gpu.cli.main import build_parser
-from dtg_gpu.sweeps import SweepConfig, run_sweep
+from dtg_gpu.sweeps import SweepConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -40,9 +40,8 @@ def _pages_with_python():
 
 
 @pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
+def sweep_dir(trained_sweep):
     """The ``SWEEP`` folder the docs' examples read."""
-    root = tmp_path_factory.mktemp("docs")
     cfg = SweepConfig(
         model="lenet5",
         dataset="digits",
@@ -53,8 +52,7 @@ def sweep_dir(tmp_path_factory):
         checkpoint_every=1,
         checkpoint_unit="step",
     )  # 20 checkpoints
-    run_sweep(cfg, root / "SWEEP", progress=False, device="cpu")
-    return root
+    return trained_sweep(cfg, "SWEEP").parent
 
 
 @pytest.mark.parametrize("page", _pages_with_python())

@@ -16,9 +16,9 @@ from dtg_gpu.analysis import covariate_matrix
 from dtg_gpu.cli.main import main
 from dtg_gpu.exceptions import FailedRunsWarning
 from dtg_gpu.io import Run
+from dtg_gpu.models import build_model
 from dtg_gpu.predictor import PerformancePredictor
 from dtg_gpu.sweeps import PRESETS, SweepConfig, load_sweep, run_sweep
-from dtg_gpu.sweeps.models import build_model
 
 
 # ------------------------------------------------------------------ sweeps: weight decay, presets

@@ -33,8 +33,8 @@ CFG = SweepConfig(
 
 
 @pytest.fixture(scope="module")
-def clean_sweep(tmp_path_factory):
-    return run_sweep(CFG, tmp_path_factory.mktemp("fi") / "sweep", progress=False, device="cpu")
+def clean_sweep(trained_sweep):
+    return trained_sweep(CFG)
 
 
 def _files(folder):

@@ -28,8 +28,8 @@ from safetensors.torch import save_file
 
 import dtg_gpu
 from dtg_gpu import DTGError, PerformancePredictor, Run
+from dtg_gpu.models import LeNet5
 from dtg_gpu.sweeps import load_sweep
-from dtg_gpu.sweeps.models import LeNet5
 
 EXAMPLES = int(os.environ.get("DTG_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(

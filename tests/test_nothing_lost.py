@@ -184,8 +184,10 @@ def _stats(out, **kw):
 
 
 @pytest.fixture(scope="module")
-def small_sweep(tmp_path_factory):
-    return _quiet_sweep(TINY, tmp_path_factory.mktemp("cache") / "sweep")
+def small_sweep(trained_sweep):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dtg_gpu.DTGWarning)
+        return trained_sweep(TINY)
 
 
 def _copy(src, dst):

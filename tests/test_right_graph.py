@@ -73,7 +73,7 @@ def test_a_constructor_flag_that_changes_the_flow_gets_its_own_graph():
 
 
 def test_runs_that_differ_only_in_dropout_rate_share_one_graph():
-    from dtg_gpu.sweeps.models import build_model
+    from dtg_gpu.models import build_model
 
     a = build_model("resnet20", width=4, dropout=0.0)
     b = build_model("resnet20", width=4, dropout=0.5)

@@ -21,7 +21,7 @@ from torch import nn
 import dtg_gpu
 from dtg_gpu import Run, analyze, eigenvector_centrality
 from dtg_gpu.centrality import attainable_tol
-from dtg_gpu.sweeps.models import LeNet5
+from dtg_gpu.models import LeNet5
 from dtg_gpu.testing.reference import reference_adjacency
 
 SETTINGS = settings(

@@ -22,8 +22,8 @@ import dtg_gpu
 from dtg_gpu import CheckpointError, PerformancePredictor, Run, UnsafeCheckpointError
 from dtg_gpu.cli.main import main
 from dtg_gpu.exceptions import SweepLockedError
+from dtg_gpu.models import LeNet5, build_model
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
-from dtg_gpu.sweeps.models import LeNet5, build_model
 
 CFG = SweepConfig(
     model="lenet5",

@@ -22,7 +22,7 @@ __all__ = ["scan_checkpoints", "ALIAS_NAMES"]
 ALIAS_NAMES = ("last.pth.tar", "model_best.pth.tar", "last.pt", "last.pth", "best.pt", "best.pth", "model_best.pth")
 
 
-def _natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple:
 
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
@@ -103,7 +103,7 @@ def _lightning_nested(path: Path) -> Path | None:
         return inner
     versions = sorted(
         (d for d in path.iterdir() if d.is_dir() and re.fullmatch(r"version_\d+", d.name)),
-        key=lambda d: _natural_key(d.name),
+        key=lambda d: natural_key(d.name),
     )
     versions = [d for d in versions if (d / "checkpoints").is_dir()]
     if len(versions) == 1:
@@ -168,7 +168,7 @@ def scan_checkpoints(path: Path, pattern: str | None = None) -> list[Path]:
             f"{path}: cannot tell the time order of {', '.join(sorted(unnumbered)[:5])}: "
             "checkpoint names must carry their step or epoch, or list them in run.json"
         )
-    keys = [_natural_key(f.stem) for f in files]
+    keys = [natural_key(f.stem) for f in files]
     if len(set(keys)) < len(keys):
         raise CheckpointError(f"{path}: two checkpoint files carry the same number; list them in run.json")
     return [f for _, f in sorted(zip(keys, files))]

@@ -207,7 +207,7 @@ class Run:
         r"""Read a run folder.
 
         With `run.json` (the sweep format, see docs/method.md): it names the model (`model` and
-        `model_kwargs`, built with [`dtg_gpu.sweeps.models.build_model`][dtg_gpu.sweeps.models.build_model] on the `meta`
+        `model_kwargs`, built with [`dtg_gpu.models.build_model`][dtg_gpu.models.build_model] on the `meta`
         device, so no memory is spent before the checkpoint's shapes are checked) and its
         `checkpoints` in time order. Every listed file must lie inside the folder
         (absolute paths, `..` and symlinks out of it are refused). Without `run.json`,
@@ -234,7 +234,7 @@ class Run:
         if model is None:
             if "model" not in meta:
                 raise CheckpointError(f"{path}: no run.json naming the model; pass model=...")
-            from dtg_gpu.sweeps.models import build_model
+            from dtg_gpu.models import build_model
 
             try:
                 with torch.device("meta"):

@@ -53,8 +53,8 @@ class SweepConfig:
         ValueError
             The field and the value that is wrong.
         """
+        from dtg_gpu.models import MODELS
         from dtg_gpu.sweeps.data import DATASETS
-        from dtg_gpu.sweeps.models import MODELS
 
         def real(x) -> bool:
             return is_number(x) and math.isfinite(x)

@@ -37,7 +37,7 @@ def _key(name: str) -> str:
     return str(name).lower().replace("-", "").replace("_", "")
 
 
-def _dataset_shape(name: str) -> tuple[int, int] | None:
+def dataset_shape(name: str) -> tuple[int, int] | None:
     """`(num_classes, in_channels)` of a known dataset name, without loading it; `None`
     for a name `load_dataset` does not know."""
     return _SHAPES.get(_key(name))

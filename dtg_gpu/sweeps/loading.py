@@ -121,11 +121,11 @@ def load_sweep(
 def _load_run_folders(path: Path, model, prefix: str | None, strict: bool, pattern: str | None = None) -> SweepRuns:
     """Every sub-folder of `path` that holds checkpoints, as a run of `model`."""
     from dtg_gpu.core.failures import READ_ERRORS, warn_failures
-    from dtg_gpu.io.folders import _natural_key, scan_checkpoints
+    from dtg_gpu.io.folders import natural_key, scan_checkpoints
 
     runs = SweepRuns(path=path)
     for sub in sorted(
-        (d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: _natural_key(d.name)
+        (d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: natural_key(d.name)
     ):
         try:
             if not (sub / "run.json").is_file() and not scan_checkpoints(sub, pattern):

@@ -23,9 +23,9 @@ from dtg_gpu.core.devices import resolve_device
 from dtg_gpu.core.validation import is_int
 from dtg_gpu.exceptions import DTGWarning, SweepLockedError
 from dtg_gpu.io.manifest import is_complete, read_manifest
+from dtg_gpu.models import build_model
 from dtg_gpu.sweeps.config import SweepConfig
 from dtg_gpu.sweeps.data import Dataset, load_dataset
-from dtg_gpu.sweeps.models import build_model
 from dtg_gpu.sweeps.state import _grid_mismatch, _write_json
 from dtg_gpu.sweeps.training import _batches, train_batch, tune_cpu_malloc
 

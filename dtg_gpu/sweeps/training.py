@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from dtg_gpu.core.files import atomic_write
 from dtg_gpu.io.manifest import RunManifest, sha256_of
+from dtg_gpu.models import build_model
 from dtg_gpu.sweeps.config import SweepConfig, lr_factor
 from dtg_gpu.sweeps.data import Dataset
 from dtg_gpu.sweeps.grouped import GroupedSequential, sequential_layers
-from dtg_gpu.sweeps.models import build_model
 from dtg_gpu.sweeps.state import _clear_for_training, _write_json
 
 __all__ = ["train_run", "train_group", "train_batch", "tune_cpu_malloc"]

@@ -107,14 +107,14 @@ class SweepWatcher:
         `run.json` yet)."""
         from dtg_gpu.exceptions import CheckpointError
         from dtg_gpu.io.manifest import read_manifest
-        from dtg_gpu.sweeps.data import _dataset_shape
-        from dtg_gpu.sweeps.models import build_model
+        from dtg_gpu.models import build_model
+        from dtg_gpu.sweeps.data import dataset_shape
 
         manifest = self.sweep / "sweep.json"
         cfg = read_manifest(manifest).get("config", {}) if manifest.is_file() else {}
         if not isinstance(cfg, dict) or "model" not in cfg:
             raise CheckpointError(f"{self.sweep}: no sweep.json naming the model; pass model=")
-        classes, channels = _dataset_shape(str(cfg.get("dataset", ""))) or (10, 3)
+        classes, channels = dataset_shape(str(cfg.get("dataset", ""))) or (10, 3)
         kwargs = {"num_classes": classes, "in_channels": channels, **(cfg.get("model_kwargs") or {})}
         with torch.device("meta"):
             return build_model(cfg["model"], **kwargs)

@@ -6,7 +6,7 @@
  * are squared and summed in eight vector accumulators and their horizontal sums are taken
  * together, in one transpose-and-add tree, so the kernel runs near memory bandwidth.
  *
- * Contract (tests/test_native.py):
+ * Contract (tests/graph/test_native.py):
  * - out[r] = sqrt(sum_c x[r, c]^2), squares summed in the input's precision (as torch's
  *   vector_norm and cdist do); NaN and Inf propagate; overflow of the squares is the caller's
  *   to detect (dtg_gpu.graph.norms_in_range), as with torch's kernels;

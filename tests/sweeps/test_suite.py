@@ -11,10 +11,10 @@ from torch import nn
 
 import dtg_gpu
 from dtg_gpu.cli.main import main
+from dtg_gpu.models import MobileNetS, build_model
 from dtg_gpu.sweeps import run_sweep
 from dtg_gpu.sweeps.config import LR_SCHEDULES, OPTIMIZERS, PRESETS, SUITE, SweepConfig, lr_factor
 from dtg_gpu.sweeps.data import SHAPES_CLASSES, load_dataset, make_shapes
-from dtg_gpu.sweeps.models import MobileNetS, build_model
 
 
 def test_shapes_are_deterministic_balanced_and_in_range():

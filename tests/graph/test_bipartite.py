@@ -12,7 +12,7 @@ from dtg_gpu import BlockOperator, channel_topology, solve_perron
 from dtg_gpu.centrality import _ritz
 from dtg_gpu.engine.solve import load_blocks
 from dtg_gpu.graph import BipartiteSquare
-from dtg_gpu.sweeps.models import MODELS
+from dtg_gpu.models import MODELS
 from dtg_gpu.testing.reference import reference_adjacency
 
 

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from dtg_gpu import CheckpointError, Run, UnsafeCheckpointError, analyze, load_state_dict
-from dtg_gpu.sweeps.models import LeNet5
+from dtg_gpu.models import LeNet5
 
 
 class _Evil:

@@ -27,7 +27,7 @@ from dtg_gpu.exceptions import DTGWarning, FailedRunsWarning  # noqa: E402
 from dtg_gpu.sweeps import SweepConfig, SweepRuns, load_sweep, run_sweep  # noqa: E402
 from dtg_gpu.workflow import featurize_sweep  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: the helpers ray_driver.py and ray_helpers.py
 TINY = dict(
     model="lenet5",
     dataset="digits",
@@ -56,16 +56,16 @@ def same_features(a, b) -> None:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
+def sweep(trained_sweep) -> Path:
     """6 LeNet-5 runs of 4 checkpoints on digits."""
-    return run_sweep(SweepConfig(**TINY), tmp_path_factory.mktemp("dist") / "sweep", progress=False, device="cpu")
+    return trained_sweep(SweepConfig(**TINY))
 
 
 @pytest.fixture(scope="module")
-def vgg_sweep(tmp_path_factory) -> Path:
+def vgg_sweep(trained_sweep) -> Path:
     """A second architecture: 2 VGG-11 (width 1/16) runs of 4 checkpoints."""
     cfg = SweepConfig(**{**TINY, "model": "vgg11", "lrs": (0.01,), "model_kwargs": {"width": 0.0625}})
-    return run_sweep(cfg, tmp_path_factory.mktemp("dist") / "vgg", progress=False, device="cpu")
+    return trained_sweep(cfg, "vgg")
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ def test_runs_held_in_memory_are_refused_with_their_name(local_ray):
     from conftest import make_checkpoints
 
     from dtg_gpu import Run
-    from dtg_gpu.sweeps.models import build_model
+    from dtg_gpu.models import build_model
 
     net = build_model("lenet5", num_classes=10, in_channels=1)
     run = Run(model=net, checkpoints=make_checkpoints(net, t=2), name="in-ram")
@@ -301,7 +301,7 @@ def test_cache_sees_a_rewritten_file_inside_a_hugging_face_checkpoint_folder(tmp
 
     from dtg_gpu import Run
     from dtg_gpu.engine.cache import unit_key
-    from dtg_gpu.sweeps.models import LeNet5
+    from dtg_gpu.models import LeNet5
 
     net = LeNet5()
     for n in (1, 2):

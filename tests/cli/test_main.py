@@ -10,16 +10,15 @@ import torch
 import dtg_gpu
 from dtg_gpu import channel_topology
 from dtg_gpu.cli.main import SUBCOMMANDS, main
+from dtg_gpu.models import build_model
 from dtg_gpu.predictor.evaluation import METRICS
-from dtg_gpu.sweeps import SweepConfig, run_sweep
-from dtg_gpu.sweeps.models import build_model
+from dtg_gpu.sweeps import SweepConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "sweep"
+def sweep(trained_sweep):
     cfg = SweepConfig(
         model="lenet5",
         dataset="digits",
@@ -30,7 +29,7 @@ def sweep(tmp_path_factory):
         checkpoint_every=10,
         checkpoint_unit="step",
     )
-    return run_sweep(cfg, out, progress=False, device="cpu")
+    return trained_sweep(cfg)
 
 
 @pytest.mark.parametrize("cmd", SUBCOMMANDS)

@@ -27,7 +27,7 @@ from dtg_gpu.integrations.optuna import (  # noqa: E402
 )
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: the helper optuna_study.py
 
 
 def _net(seed: int = 0) -> nn.Module:
@@ -287,7 +287,7 @@ def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tm
     best = study.best_trial
     assert best.state == optuna.trial.TrialState.COMPLETE and len(trial_records(best)[0]) == 4
     assert best.params["lr"] in (0.02, 0.03, 0.05, 0.1)
-    from dtg_gpu.sweeps.models import LeNet5
+    from dtg_gpu.models import LeNet5
 
     res = dtg_gpu.analyze(trial_run(study, best, LeNet5()))
     assert res.converged.all()

@@ -7,7 +7,7 @@ from torch import nn
 
 import dtg_gpu
 from dtg_gpu import TopologyError, TracingFallbackWarning, channel_topology
-from dtg_gpu.sweeps.models import LeNet5, build_model
+from dtg_gpu.models import LeNet5, build_model
 
 
 def _weight_layers(model):

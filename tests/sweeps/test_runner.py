@@ -10,9 +10,9 @@ import torch
 
 import dtg_gpu
 from dtg_gpu.exceptions import DatasetNotFoundError
+from dtg_gpu.models import MODELS, build_model
 from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 from dtg_gpu.sweeps.data import load_dataset
-from dtg_gpu.sweeps.models import MODELS, build_model
 
 TINY = dict(
     model="lenet5",

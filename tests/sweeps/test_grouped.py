@@ -5,9 +5,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dtg_gpu.models import build_model
 from dtg_gpu.sweeps import SweepConfig, run_sweep
 from dtg_gpu.sweeps.grouped import GroupedSequential, sequential_layers
-from dtg_gpu.sweeps.models import build_model
 
 ARCHS = [("lenet5", {}), ("vgg11", {"width": 0.125})]
 

@@ -14,7 +14,7 @@ from dtg_gpu.features.baselines import (
     spectral_alpha,
     weight_statistics,
 )
-from dtg_gpu.sweeps.models import LeNet5
+from dtg_gpu.models import LeNet5
 
 
 def _runs(n=3, t=3):

@@ -12,12 +12,12 @@ from sklearn.model_selection import StratifiedKFold
 
 from dtg_gpu import PerformancePredictor, label_runs
 from dtg_gpu.cli.main import main
-from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
+from dtg_gpu.sweeps import SweepConfig, load_sweep
 from dtg_gpu.workflow import default_blocks, feature_sets, featurize_sweep, run_verdicts
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(trained_sweep):
     cfg = SweepConfig(
         model="lenet5",
         dataset="digits",
@@ -28,7 +28,7 @@ def sweep(tmp_path_factory):
         checkpoint_every=5,
         checkpoint_unit="step",
     )
-    return run_sweep(cfg, tmp_path_factory.mktemp("rep") / "sweep", progress=False, device="cpu")
+    return trained_sweep(cfg)
 
 
 def test_verdicts_are_out_of_fold(sweep):

@@ -219,7 +219,7 @@ def _small_models():
     from conftest import GroupedNet
     from torchvision.models import resnet18, shufflenet_v2_x0_5
 
-    from dtg_gpu.sweeps.models import LeNet5
+    from dtg_gpu.models import LeNet5
 
     return {
         "lenet5": LeNet5,

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from dtg_gpu import CheckpointError, Run
-from dtg_gpu.sweeps.models import LeNet5
+from dtg_gpu.models import LeNet5
 
 
 def _states(model, t):
@@ -163,7 +163,7 @@ def test_cli_analyzes_a_lightning_folder_with_a_user_model(tmp_path, capsys):
                 "analyze",
                 str(tmp_path),
                 "--model",
-                "dtg_gpu.sweeps.models:LeNet5",
+                "dtg_gpu.models:LeNet5",
                 "--model-kwargs",
                 '{"in_channels": 1}',
                 "--device",
@@ -274,7 +274,7 @@ def test_cli_featurize_and_train_a_folder_of_your_own_run_folders(tmp_path, caps
         (d / "run.json").write_text(json.dumps({"final_accuracy": 0.5 + 0.1 * r}))
     (root / ".dtg-cache").mkdir()  # hidden folders are not runs
     (root / "notes").mkdir()  # nor folders without checkpoints
-    args = ["--model", "dtg_gpu.sweeps.models:LeNet5", "--model-kwargs", '{"in_channels": 1}', "--device", "cpu"]
+    args = ["--model", "dtg_gpu.models:LeNet5", "--model-kwargs", '{"in_channels": 1}', "--device", "cpu"]
     assert main(["featurize", str(root), "--out", str(tmp_path / "f.csv"), *args]) == 0
     lines = (tmp_path / "f.csv").read_text().splitlines()
     assert [l.split(",")[0] for l in lines[1:]] == ["trial_0", "trial_5", "trial_10", "trial_15"]
