@@ -1,4 +1,4 @@
-"""A real Optuna study for tests/test_optuna.py: LeNet-5 trained on the embedded digits data
+"""A real Optuna study for tests/integrations/test_optuna.py: LeNet-5 trained on the embedded digits data
 for a few epochs per trial, pruned by DTGPruner, on a SQLite storage.
 
 Usage: python optuna_study.py DB N_TRIALS [--kill-at NUMBER]
