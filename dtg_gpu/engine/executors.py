@@ -68,7 +68,6 @@ def featurize_runs(
     s: SolveSettings,
     device: torch.device | None,
     *,
-    chunk_size: int | None = None,
     cache: FeatureCache | None = None,
     executor: Executor = "local",
     address: str | None = None,
@@ -84,7 +83,7 @@ def featurize_runs(
     width = widths.pop() if len(widths) == 1 else 5 + int(s.eigenvalue)
     stats = torch.full((len(runs), s.k, width), float("nan"), dtype=s.dtype)
     failed: dict[int, str] = {}
-    jobs = plan_jobs(groups, runs, s, chunk_size, cache)
+    jobs = plan_jobs(groups, runs, s, cache)
     todo = []
     for job in jobs:
         if job.key is not None and cache is not None:

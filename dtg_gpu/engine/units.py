@@ -140,14 +140,13 @@ def plan_jobs(
     groups: Sequence[tuple[ChannelTopology, list[int]]],
     runs: Sequence[Run],
     s: SolveSettings,
-    chunk_size: int | None,
     cache: FeatureCache | None,
 ) -> list[Job]:
     """Units of every architecture group, with their cache keys."""
     jobs = []
     for topo, rows in groups:
         sig = cache_architecture_key(topo, runs[rows[0]].model) if cache is not None else ""
-        for unit in plan_units(len(rows), s.k, topo, s.dtype, chunk_size):
+        for unit in plan_units(len(rows), s.k, topo, s.dtype, s.solver.chunk_size):
             mine = rows[unit.start : unit.stop]
             members = [runs[i] for i in mine]
             key = unit_key(members, s.k, unit.chunk, s.key(), sig, cache.root) if cache is not None else None
