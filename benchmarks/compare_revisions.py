@@ -8,7 +8,9 @@ computes in its own process, with the feature cache off:
   ``learning_curve``) at k in {1, 3, 5, all};
 * ``compare(...)`` at k = 5, median label, 10 splits: the precision / AUC the benchmark tables
   report;
-* the early-stopping checkpoint records of three runs (``early_stopping.run_records``).
+* the early-stopping checkpoint records of three runs (``early_stopping.run_records``);
+* ``featurize`` (the default recipe and ``features="spec"``) at k in {2, all} and ``analyze``
+  of one run: the public entry points, whatever path they take to the solver.
 Then it prints, per sweep, whether each is identical, and the largest difference where not.
 
 Usage: python benchmarks/compare_revisions.py REV SWEEP [SWEEP ...] [--work DIR]
@@ -49,6 +51,12 @@ for k in sorted({1, 3, 5, sf.timesteps}):
 rows = compare(sf, [5], names, threshold="median", repeats=10)
 res["scores"] = [(r["features"], r["scores"]["precision"]["mean"], r["scores"]["roc_auc"]["mean"]) for r in rows]
 res["records"] = [run_records(runs[i], device="cpu") for i in (0, len(runs) // 2, len(runs) - 1)]
+good = [r for r in runs if r.final_accuracy is not None][:8]
+for k in sorted({2, sf.timesteps}):
+    res[f"featurize default@{k}"] = np.asarray(dtg_gpu.featurize(good, timesteps=k, device="cpu"))
+    res[f"featurize spec@{k}"] = np.asarray(dtg_gpu.featurize(good, timesteps=k, device="cpu", features="spec"))
+a = dtg_gpu.analyze(runs[0], device="cpu")
+res["analyze centrality"], res["analyze features"] = np.asarray(a.centrality), np.asarray(a.features)
 pickle.dump(res, open(out, "wb"))
 """
 
