@@ -61,6 +61,15 @@ pickle.dump(res, open(out, "wb"))
 """
 
 
+def _strings(records) -> list[str]:
+    """The text leaves of nested records (architecture keys), in order."""
+    if isinstance(records, dict):
+        return [s for k in sorted(records) for s in _strings(records[k])]
+    if isinstance(records, list):
+        return [s for v in records for s in _strings(v)]
+    return [records] if isinstance(records, str) else []
+
+
 def _flat(records) -> np.ndarray:
     out: list[float] = []
 
@@ -72,7 +81,7 @@ def _flat(records) -> np.ndarray:
             for v in x:
                 walk(v)
         else:
-            out.append(np.nan if x is None else float(x))
+            out.append(np.nan if x is None or isinstance(x, str) else float(x))  # strings: _strings
 
     walk(records)
     return np.array(out)
@@ -99,6 +108,8 @@ def diff(a: dict, b: dict) -> list[str]:
         if key == "records":  # fields one revision added (e.g. "folded") are left out
             common = [[{f: r[f] for f in r if f in q} for r, q in zip(ra, rb)] for ra, rb in zip(b[key], a[key])]
             x, y = _flat(a[key]), _flat(common)
+            if _strings(a[key]) != _strings(common):
+                lines.append(f"  {key}: text fields differ (architecture keys)")
         else:
             x, y = np.asarray(a[key], dtype=float), np.asarray(b.get(key), dtype=float)
         if x.shape != y.shape:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from dtg_gpu.cli.common import _build_user_model, _command, _device, _json_safe, _user_model
 
 
-def _analyze_args(p):
+def _analyze_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "run",
         help="a run folder: run.json + checkpoints, or (with --model) Lightning "
@@ -35,7 +36,7 @@ def _analyze_args(p):
     _device(p)
 
 
-def _analyze_run(a) -> int:
+def _analyze_run(a: argparse.Namespace) -> int:
     import torch
 
     from dtg_gpu.analysis import analyze

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from dtg_gpu.cli.common import _command
 
 
 # ------------------------------------------------------------------------------ bench
-def _bench_args(p):
+def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small graphs only")
     p.add_argument("--out", default="benchmarks/results", help="results folder")
 
 
-def _bench_run(a) -> int:
+def _bench_run(a: argparse.Namespace) -> int:
     import runpy
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_centrality.py"

@@ -104,7 +104,7 @@ def _cluster(p: argparse.ArgumentParser, cache: bool = True) -> None:
         )
 
 
-def _executor(a) -> dict:
+def _executor(a: argparse.Namespace) -> dict:
     if a.address and not a.ray:
         raise ValueError("--address needs --ray")
     out = {"executor": "ray" if a.ray else "local", "address": a.address}
@@ -113,13 +113,13 @@ def _executor(a) -> dict:
     return out
 
 
-def _load_sweep(a):
+def _load_sweep(a: argparse.Namespace) -> Any:
     from dtg_gpu.sweeps.loading import load_sweep
 
     return load_sweep(a.sweep, strict=a.strict, model=_build_user_model(a), prefix=a.prefix, pattern=a.pattern)
 
 
-def _sweep_features(a, runs):
+def _sweep_features(a: argparse.Namespace, runs: Any) -> Any:
     """Featurise `runs` with the command's flags: `(X, statistic names, k, usable)`;
     `usable[i]` is False for a run that could not be read or solved (its row is NaN)."""
     from dtg_gpu.analysis import extract_features
@@ -152,7 +152,7 @@ def _sweep_features(a, runs):
     return X, layout.names, k, usable, ws
 
 
-def _recipe(a):
+def _recipe(a: argparse.Namespace) -> Any:
     """The feature recipe of the command's flags: `--spec` or the default, with overrides."""
     from dtg_gpu.features.temporal import feature_recipe
 
@@ -165,13 +165,13 @@ def _recipe(a):
     )
 
 
-def _weight_stat_names(run) -> list[str]:
+def _weight_stat_names(run: Any) -> list[str]:
     """Column names of the weight statistics: `ws_<layer>_<statistic>`."""
     stats = ("mean", "std", "min", "q25", "median", "q75", "max")
     return [f"ws_{p.removesuffix('.weight')}_{s}" for p in run.topology.params for s in stats]
 
 
-def _json_safe(obj):
+def _json_safe(obj: Any) -> Any:
     """NaN and ±Inf as null: JSON has no such numbers (`json.dumps` would print bare NaN)."""
     if isinstance(obj, float):
         return obj if np.isfinite(obj) else None
@@ -221,7 +221,7 @@ def _user_model(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _build_user_model(a):
+def _build_user_model(a: argparse.Namespace) -> Any:
     """`--model pkg.module:Class` with `--model-kwargs`: the user's own code, imported."""
     if a.model is None:
         return None
@@ -252,7 +252,7 @@ def _build_user_model(a):
         raise ValueError(f"--model {a.model!r} with --model-kwargs {kwargs}: {exc}") from None
 
 
-def _scaling(p):
+def _scaling(p: argparse.ArgumentParser) -> None:
     # predictor.SCALINGS, spelled out so that parsing arguments does not import torch
     p.add_argument(
         "--scaling",
@@ -277,7 +277,7 @@ def _scaling(p):
     )
 
 
-def _classifier(a):
+def _classifier(a: argparse.Namespace) -> Any:
     """The predictor of the command's flags: the default, or the seed's MLP with `--spec`;
     `--scaling`, `--select`, `--auto` and `--epochs` override."""
     from dtg_gpu.predictor.estimator import PerformancePredictor
@@ -309,14 +309,14 @@ def _writable(out: str) -> None:
     check_target(out, what="--out")
 
 
-def torch_index(mask: np.ndarray):
+def torch_index(mask: np.ndarray) -> Any:
     """A NumPy boolean mask as a torch index."""
     import torch
 
     return torch.as_tensor(mask)
 
 
-def _threshold(text: str):
+def _threshold(text: str) -> float | str:
     try:
         return float(text)
     except ValueError:

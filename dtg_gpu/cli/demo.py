@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 from dtg_gpu.cli.common import _command, _device, _strict
 
 
 # ------------------------------------------------------------------------------- demo
-def _demo_args(p):
+def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a one-minute version")
     p.add_argument(
         "--out", default="demo-out", help="folder for the sweep, results.json and report/ (default demo-out)"
@@ -16,7 +18,7 @@ def _demo_args(p):
     _strict(p)
 
 
-def _demo_run(a) -> int:
+def _demo_run(a: argparse.Namespace) -> int:
     from dtg_gpu.workflow.demo import run_demo
 
     run_demo(a.out, quick=a.quick, device=a.device, progress=not a.quiet, strict=a.strict)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 from dtg_gpu.cli.common import _command
 
 
 # -------------------------------------------------------------------------------- env
-def _env_args(p):
+def _env_args(p: argparse.ArgumentParser) -> None:
     pass
 
 
-def _env_run(a) -> int:
+def _env_run(a: argparse.Namespace) -> int:
     import platform
 
     import networkx

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from dtg_gpu.cli.common import (
 
 
 # --------------------------------------------------------------------------- evaluate
-def _evaluate_args(p):
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
     _user_model(p)
     p.add_argument(
@@ -51,7 +52,7 @@ def _evaluate_args(p):
     _cluster(p)
 
 
-def _evaluate_run(a) -> int:
+def _evaluate_run(a: argparse.Namespace) -> int:
     from dtg_gpu.predictor.estimator import PerformancePredictor
     from dtg_gpu.predictor.evaluation import METRICS
     from dtg_gpu.workflow.report import results_table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from dtg_gpu.cli.common import (
     _cluster,
     _command,
@@ -16,7 +18,7 @@ from dtg_gpu.cli.common import (
 
 
 # -------------------------------------------------------------------------- featurize
-def _featurize_args(p):
+def _featurize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
     _user_model(p)
     p.add_argument("--out", required=True, help="write features here (.csv)")
@@ -26,7 +28,7 @@ def _featurize_args(p):
     _cluster(p)
 
 
-def _featurize_run(a) -> int:
+def _featurize_run(a: argparse.Namespace) -> int:
     import pandas as pd
 
     from dtg_gpu.core.files import atomic_write

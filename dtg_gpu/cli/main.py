@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 import warnings
+from typing import Any
 
 SUBCOMMANDS = ["sweep", "analyze", "featurize", "train", "predict", "watch", "evaluate", "bench", "env", "demo"]
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from dtg_gpu.exceptions import DTGWarning
 
-    def show(message, category, *_args, **_kwargs):  # dtg_gpu's warnings, one line each
+    def show(message: Any, category: Any, *_args: Any, **_kwargs: Any) -> None:  # dtg_gpu's warnings, one line each
         print(f"dtg {args.command}: warning: {_one_line(message)}", file=sys.stderr)
 
     with warnings.catch_warnings():

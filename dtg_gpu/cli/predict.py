@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ from dtg_gpu.cli.common import _build_user_model, _command, _device, _strict, _u
 
 
 # ---------------------------------------------------------------------------- predict
-def _predict_args(p):
+def _predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("predictor", help="file written by 'dtg train'")
     p.add_argument("runs", nargs="+", help="run folders")
     p.add_argument(
@@ -24,7 +25,7 @@ def _predict_args(p):
     _strict(p)
 
 
-def _predict_run(a) -> int:
+def _predict_run(a: argparse.Namespace) -> int:
     from dtg_gpu.core.failures import READ_ERRORS
     from dtg_gpu.io.run import Run
     from dtg_gpu.predictor.estimator import PerformancePredictor

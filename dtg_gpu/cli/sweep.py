@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+
 from dtg_gpu.cli.common import _cluster, _command, _device, _executor
 from dtg_gpu.sweeps.config import LR_SCHEDULES, OPTIMIZERS, PRESETS
 
 
 # ------------------------------------------------------------------------------ sweep
-def _sweep_args(p):
+def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         default=None,
@@ -73,7 +75,7 @@ def _width_kwargs(model: str, width: float | None) -> dict:
     )
 
 
-def _sweep_run(a) -> int:
+def _sweep_run(a: argparse.Namespace) -> int:
     from dtg_gpu.sweeps.config import SweepConfig
     from dtg_gpu.sweeps.runner import run_sweep
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from dtg_gpu.cli.common import (
     _classifier,
     _cluster,
@@ -21,7 +23,7 @@ from dtg_gpu.cli.common import (
 
 
 # ------------------------------------------------------------------------------ train
-def _train_args(p):
+def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep folder (sweep.json), or with --model a folder of your own run folders")
     _user_model(p)
     p.add_argument("--out", required=True, help="predictor file (.safetensors)")
@@ -37,7 +39,7 @@ def _train_args(p):
     _cluster(p)
 
 
-def _train_run(a) -> int:
+def _train_run(a: argparse.Namespace) -> int:
     from dtg_gpu.predictor.labels import label_runs
     from dtg_gpu.topology.types import weight_layout
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from dtg_gpu.cli.common import _build_user_model, _command, _device, _json_safe, _positive_int, _threshold, _user_model
 
 
 # ------------------------------------------------------------------------------ watch
-def _watch_args(p):
+def _watch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep folder being trained (dtg sweep --out), or a folder of run folders")
     p.add_argument(
         "--predictor",
@@ -50,7 +51,7 @@ def _watch_args(p):
     _device(p)
 
 
-def _watch_run(a) -> int:
+def _watch_run(a: argparse.Namespace) -> int:
     from dtg_gpu.early_stopping.rule import StoppingRule
     from dtg_gpu.predictor.estimator import PerformancePredictor
     from dtg_gpu.workflow.watch import SweepWatcher, check_interval
