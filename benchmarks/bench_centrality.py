@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dtg_gpu  # noqa: E402
 from dtg_gpu.centrality import solve_perron  # noqa: E402
 from dtg_gpu.core.devices import resolve_device
-from dtg_gpu.engine.solve import load_blocks, scaled_blocks
 from dtg_gpu.graph import BlockOperator, graph_edges  # noqa: E402
+from dtg_gpu.graph.scaling import load_blocks, scaled_blocks
 from dtg_gpu.models import build_model  # noqa: E402
 from dtg_gpu.testing.reference import reference_adjacency  # noqa: E402
 

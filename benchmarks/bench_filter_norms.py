@@ -234,7 +234,7 @@ def end_to_end() -> list[dict]:
 
     import dtg_gpu
     import dtg_gpu.engine.solve as engine
-    import dtg_gpu.graph.operators as graph
+    import dtg_gpu.graph.norms as graph
 
     made, fast, min_graphs, native = (
         engine.BlockOperator,

@@ -45,7 +45,7 @@ _LAZY = {
     "temporal_features": "dtg_gpu.features.temporal",
     "temporal_reinforcement": "dtg_gpu.features.temporal",
     "BlockOperator": "dtg_gpu.graph.operators",
-    "filter_norms": "dtg_gpu.graph.operators",
+    "filter_norms": "dtg_gpu.graph.norms",
     "PerformancePredictor": "dtg_gpu.predictor.estimator",
     "label_runs": "dtg_gpu.predictor.labels",
     "split_runs": "dtg_gpu.predictor.labels",
@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from dtg_gpu.features.statistics import STATISTICS, timestep_statistics
     from dtg_gpu.features.temporal import FeatureRecipe, feature_recipe, temporal_features, temporal_reinforcement
     from dtg_gpu.graph.native import native_status
-    from dtg_gpu.graph.operators import BlockOperator, filter_norms
+    from dtg_gpu.graph.norms import filter_norms
+    from dtg_gpu.graph.operators import BlockOperator
     from dtg_gpu.io.checkpoints import load_state_dict
     from dtg_gpu.io.run import Run
     from dtg_gpu.predictor.estimator import PerformancePredictor

@@ -17,13 +17,14 @@ from dtg_gpu.core.failures import READ_ERRORS, unique_name, warn_failures
 from dtg_gpu.core.validation import check_int, is_number
 from dtg_gpu.engine.executors import default_cache, featurize_runs
 from dtg_gpu.engine.options import SolverOptions
-from dtg_gpu.engine.solve import SolvedGraphs, load_blocks, warn_results
+from dtg_gpu.engine.solve import SolvedGraphs, warn_results
 from dtg_gpu.engine.units import SolveSettings, solve_graphs
 from dtg_gpu.exceptions import CheckpointError, DTGWarning, InsufficientCheckpointsError
 from dtg_gpu.features.statistics import STATISTICS, layer_node_groups, timestep_statistics
 from dtg_gpu.features.temporal import FeatureRecipe, check_alpha, feature_recipe, temporal_features
-from dtg_gpu.graph.operators import to_networkx as _to_networkx
-from dtg_gpu.graph.operators import to_pyg
+from dtg_gpu.graph.convert import to_networkx as _to_networkx
+from dtg_gpu.graph.convert import to_pyg
+from dtg_gpu.graph.scaling import load_blocks
 from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
 

@@ -26,15 +26,14 @@ convergence on its own:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
 from dtg_gpu.core.validation import is_int, is_number
 
-__all__ = ["EigenResult", "solve_perron", "eigenvector_centrality", "attainable_tol"]
+__all__ = ["EigenResult", "MatVec", "solve_perron", "eigenvector_centrality", "attainable_tol"]
 
 Method = Literal["auto", "lanczos", "networkx"]
 
@@ -106,7 +105,7 @@ def _sign_fix(x: torch.Tensor) -> torch.Tensor:
 STALL_RESTARTS = 5
 
 
-def _lanczos(matvec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
+def _lanczos(matvec: MatVec, mask, tol, max_iter, ncv, check_every=2) -> EigenResult:
     """Explicitly restarted Lanczos, batched over graphs, each stopped on its own residual.
 
     Every restart begins with a product that gives the restart vector's true relative
@@ -270,7 +269,7 @@ def _ritz(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.
     )
 
 
-def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
+def _networkx_power(matvec: MatVec, mask, tol, max_iter) -> EigenResult:
     g_count, n = mask.shape
     dtype, device = matvec.dtype, mask.device
     sizes = mask.sum(1).to(dtype)
@@ -298,7 +297,7 @@ def _networkx_power(matvec, mask, tol, max_iter) -> EigenResult:
     return EigenResult(x_out, lam, rel, it_out, done)
 
 
-def _operator_scale(matvec, g_count: int, device) -> torch.Tensor:
+def _operator_scale(matvec: MatVec, g_count: int, device) -> torch.Tensor:
     """`[G]` float64: the operator applies `A / scale` (`matvec.scale`), else ones."""
     scale = getattr(matvec, "scale", None)
     if scale is None:
@@ -319,8 +318,20 @@ def attainable_tol(tol: float, dtype: torch.dtype) -> float:
     return max(float(tol), TOL_FLOOR_EPS * torch.finfo(dtype).eps)
 
 
+class MatVec(Protocol):
+    """What [`solve_perron`][dtg_gpu.solve_perron] applies: `y = A x` for `G` graphs at once
+    (`x`, `y`: `[G, N]`), in `dtype`. Optional attributes it reads when present: `scale`
+    (`[G]`: the operator applies `A / scale`) and `bipartite_square()` (the operator of
+    `A²` on one side of a bipartite graph). [`BlockOperator`][dtg_gpu.BlockOperator] and
+    the sparse operator of [`eigenvector_centrality`][dtg_gpu.eigenvector_centrality] are two."""
+
+    dtype: torch.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 def solve_perron(
-    matvec: Callable[[torch.Tensor], torch.Tensor],
+    matvec: MatVec,
     mask: torch.Tensor,
     *,
     tol: float = 1e-6,
@@ -333,7 +344,7 @@ def solve_perron(
 
     Parameters
     ----------
-    matvec : callable `[G, N] → [G, N]`
+    matvec : MatVec (`[G, N] → [G, N]`)
         Applies each graph's adjacency to its row; must expose `.dtype`. Padding columns
         (`mask` False) must map to zero. An optional `.scale` (`[G]`) says that the
         operator applies `A / scale`: eigenvalues are reported in the units of `A` and
@@ -370,7 +381,7 @@ def solve_perron(
                 "bipartite=True needs an operator with a bipartite topology "
                 "(BlockOperator.bipartite_square), all nodes unmasked and max_iter >= 2"
             )
-        dtype = matvec.dtype  # type: ignore[attr-defined]  # the operator's documented contract
+        dtype = matvec.dtype
         if square is not None:
             res = _lanczos_bipartite(square, attainable_tol(tol, dtype), int(max_iter), int(ncv))
         else:

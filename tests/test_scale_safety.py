@@ -297,7 +297,7 @@ def test_a_residual_at_the_rounding_floor_stops_early_and_is_flagged(monkeypatch
 def test_a_huge_weight_in_a_large_layer_is_exact():
     """Layers above SMALL_LAYER take their norms checkpoint by checkpoint, with one range check
     per layer; an out-of-range norm sends the whole layer through the safe path."""
-    from dtg_gpu.engine.solve import SMALL_LAYER
+    from dtg_gpu.graph.scaling import SMALL_LAYER
 
     torch.manual_seed(0)
     model = nn.Sequential(

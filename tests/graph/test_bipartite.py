@@ -10,8 +10,8 @@ from torch import nn
 
 from dtg_gpu import BlockOperator, channel_topology, solve_perron
 from dtg_gpu.centrality import _ritz
-from dtg_gpu.engine.solve import load_blocks
 from dtg_gpu.graph import BipartiteSquare
+from dtg_gpu.graph.scaling import load_blocks
 from dtg_gpu.models import MODELS
 from dtg_gpu.testing.reference import reference_adjacency
 

@@ -6,8 +6,8 @@ from conftest import GroupedNet, make_checkpoints
 from torch import nn
 
 from dtg_gpu import BlockOperator, CheckpointError, channel_topology, filter_norms
-from dtg_gpu.engine.solve import load_blocks
 from dtg_gpu.graph import graph_edges, row_norms, to_networkx
+from dtg_gpu.graph.scaling import load_blocks
 from dtg_gpu.models import LeNet5
 from dtg_gpu.testing.reference import reference_adjacency
 
