@@ -34,8 +34,8 @@ def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
     """Every matrix the candidates need at k = 25 % of T (cached as .npz)."""
     if cache.is_file():
         return dict(np.load(cache, allow_pickle=False))
-    from dtg_gpu.analysis import covariate_matrix
     from dtg_gpu.features.baselines import weight_statistics
+    from dtg_gpu.features.covariates import covariate_matrix
     from dtg_gpu.sweeps import load_sweep
     from dtg_gpu.workflow import featurize_sweep
 

@@ -3,7 +3,6 @@ r"""`analyze` one run and `featurize` many: the public face of steps 2–4."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,12 +13,13 @@ import torch
 from dtg_gpu.centrality import Method
 from dtg_gpu.core.devices import parse_device, resolve_device
 from dtg_gpu.core.failures import READ_ERRORS, unique_name, warn_failures
-from dtg_gpu.core.validation import check_int, is_number
+from dtg_gpu.core.validation import check_int
 from dtg_gpu.engine.executors import default_cache, featurize_runs
 from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.engine.solve import SolvedGraphs, warn_results
 from dtg_gpu.engine.units import SolveSettings, solve_graphs
 from dtg_gpu.exceptions import CheckpointError, DTGWarning, InsufficientCheckpointsError
+from dtg_gpu.features.covariates import covariate_matrix
 from dtg_gpu.features.statistics import STATISTICS, layer_node_groups, timestep_statistics
 from dtg_gpu.features.temporal import FeatureRecipe, check_alpha, feature_recipe, temporal_features
 from dtg_gpu.graph.convert import to_networkx as _to_networkx
@@ -28,7 +28,7 @@ from dtg_gpu.graph.scaling import load_blocks
 from dtg_gpu.io.run import Run
 from dtg_gpu.topology.types import ChannelTopology
 
-__all__ = ["AnalysisResult", "analyze", "featurize", "extract_features", "FeatureResult", "covariate_matrix"]
+__all__ = ["AnalysisResult", "analyze", "featurize", "extract_features", "FeatureResult"]
 
 
 @dataclass
@@ -261,7 +261,7 @@ def featurize(
     covariates : sequence of str, default ()
         **Option beyond the method.** Hyper-parameters of each run, read from its
         `meta` (`run.json`), appended last in this order
-        ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]: learning rates and weight
+        ([`covariate_matrix`][dtg_gpu.features.covariates.covariate_matrix]: learning rates and weight
         decay as `log10`). A run without one of them is a failed run.
     strict : bool, default False
         `False`: a run whose model cannot be traced or one of whose first `k` checkpoints
@@ -504,54 +504,3 @@ def _weight_stats(runs: Sequence[Run], k: int, failures: dict, failed_rows: list
         if r is not None and i not in failed_rows:
             out[i] = torch.as_tensor(r, dtype=torch.float64)
     return out
-
-
-#: covariates taken as log10: rates that span decades
-LOG_COVARIATES = ("lr", "learning_rate", "weight_decay", "wd")
-
-
-def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.Tensor, dict[int, str]]:
-    r"""The known hyper-parameters of each run: `[len(runs), len(names)]` (float64).
-
-    Each name is looked up in `run.meta` (a sweep's `run.json`). Names in
-    `LOG_COVARIATES` (learning rate, weight decay: rates that span decades) are taken as
-    $\log_{10}$ (`weight_decay = 0` as `-10`); others as they are (dropout, momentum,
-    batch size, seed).
-
-    Returns
-    -------
-    (Tensor, dict)
-        The matrix, NaN where a value is missing or not a finite number, and per such row the
-        reason (it names the run and the field).
-
-    Raises
-    ------
-    ValueError
-        `names` is not a sequence of strings, or no run has one of them.
-    """
-    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
-        raise ValueError(f"covariates must be a list of run.json field names, got {names!r}")
-    out = torch.full((len(runs), len(names)), float("nan"), dtype=torch.float64)
-    missing: dict[int, str] = {}
-    for j, name in enumerate(names):
-        found = False
-        for i, run in enumerate(runs):
-            v = run.meta.get(name) if isinstance(run.meta, dict) else None
-            x = float(v) if is_number(v) else math.nan
-            if name in LOG_COVARIATES:
-                x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
-            if math.isfinite(x):
-                out[i, j] = x
-                found = True
-            elif i not in missing:
-                missing[i] = f"covariate {name!r}: run.json of run {run.name!r} has no finite number for it ({v!r})"
-        if not found:
-            raise ValueError(
-                f"covariate {name!r} is in no run's run.json"
-                + (
-                    f" (fields: {', '.join(sorted(runs[0].meta)[:12])})"
-                    if runs and isinstance(runs[0].meta, dict)
-                    else ""
-                )
-            )
-    return out, missing

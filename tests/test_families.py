@@ -12,9 +12,9 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 import dtg_gpu
-from dtg_gpu.analysis import covariate_matrix
 from dtg_gpu.cli.main import main
 from dtg_gpu.exceptions import FailedRunsWarning
+from dtg_gpu.features.covariates import covariate_matrix
 from dtg_gpu.io import Run
 from dtg_gpu.models import build_model
 from dtg_gpu.predictor import PerformancePredictor

@@ -226,9 +226,9 @@ def feature_sets(
     `dtg_per_layer+eigenvalue` (options beyond the method), `learning_curve`, and
     `covariates` (the known hyper-parameters alone: the hyper-parameter oracle).
 
-    `covariates`: run.json fields ([`covariate_matrix`][dtg_gpu.analysis.covariate_matrix]) appended to
+    `covariates`: run.json fields ([`covariate_matrix`][dtg_gpu.features.covariates.covariate_matrix]) appended to
     every set but `covariates` itself, which they make up (default: `lr`, `dropout`)."""
-    from dtg_gpu.analysis import covariate_matrix
+    from dtg_gpu.features.covariates import covariate_matrix
 
     out: dict[str, np.ndarray] = {}
     cov = (
