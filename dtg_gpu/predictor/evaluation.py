@@ -56,7 +56,9 @@ def summarize(values) -> dict[str, Any]:
     }
 
 
-def evaluate(clf, X, y, repeats: int = 20, seed: int = 0, test_size: float = 0.1, positive: Any = 1) -> dict[str, Any]:
+def evaluate(
+    clf, X, y, *, repeats: int = 20, seed: int = 0, test_size: float = 0.1, positive: Any = 1
+) -> dict[str, Any]:
     r"""Fit a fresh clone of `clf` on `repeats` stratified splits and score each.
 
     Parameters

@@ -218,7 +218,7 @@ def _architectures(runs: Sequence[Run]) -> list:
 
 
 def feature_sets(
-    sf: SweepFeatures, k: int, names: Sequence[str], covariates: Sequence[str] = ()
+    sf: SweepFeatures, k: int, names: Sequence[str], *, covariates: Sequence[str] = ()
 ) -> dict[str, np.ndarray]:
     """Feature matrices for `k` checkpoints: `default` ([`featurize`][dtg_gpu.featurize]'s
     default recipe), `dtg` (the seed's method), `weight_stats`, `spectral`,
@@ -289,6 +289,7 @@ def compare(
     sf: SweepFeatures,
     ks: Sequence[int],
     names: Sequence[str],
+    *,
     threshold: Any = "median",
     repeats: int = 20,
     seed: int = 0,
@@ -313,7 +314,7 @@ def compare(
     rows = []
     bar = tqdm(total=len(ks) * len(names), desc="evaluating", unit="set", disable=not progress)
     for k in ks:
-        for name, X in feature_sets(sf, k, names, covariates).items():
+        for name, X in feature_sets(sf, k, names, covariates=covariates).items():
             row_clf = clf or (
                 PerformancePredictor.spec()
                 if name == "dtg"
@@ -331,6 +332,7 @@ def compare(
 def run_verdicts(
     sf: SweepFeatures,
     ks: Sequence[int],
+    *,
     features: str = "default",
     threshold: Any = "median",
     folds: int = 5,
