@@ -21,18 +21,20 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(request):
     """A local 2-CPU Ray instance for one test module, never a cluster: `address="local"`
-    ignores `RAY_ADDRESS` and a running cluster. Workers import the tests' helpers."""
+    ignores `RAY_ADDRESS` and a running cluster. Workers import the tests' helpers and the
+    test module itself (its trainables travel by reference)."""
     ray = pytest.importorskip("ray")
     here = os.path.dirname(os.path.abspath(__file__))
+    module_dir = os.path.dirname(os.path.abspath(request.module.__file__))
     ray.init(
         address="local",
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{os.path.dirname(here)}", "OMP_NUM_THREADS": "1"}},
+        runtime_env={"env_vars": {"PYTHONPATH": f"{module_dir}:{here}:{os.path.dirname(here)}", "OMP_NUM_THREADS": "1"}},
     )
     yield
     ray.shutdown()
