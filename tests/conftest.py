@@ -34,7 +34,9 @@ def local_ray(request):
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": f"{module_dir}:{here}:{os.path.dirname(here)}", "OMP_NUM_THREADS": "1"}},
+        runtime_env={
+            "env_vars": {"PYTHONPATH": f"{module_dir}:{here}:{os.path.dirname(here)}", "OMP_NUM_THREADS": "1"}
+        },
     )
     yield
     ray.shutdown()
