@@ -42,6 +42,20 @@ def local_ray(request):
     ray.shutdown()
 
 
+#: The small sweep several suites share (24 LeNet-5 runs on digits, ~9 checkpoints each):
+#: a `SweepConfig`'s keywords, so that this file does not import dtg_gpu at collection.
+SMALL_SWEEP = dict(
+    model="lenet5",
+    dataset="digits",
+    lrs=(0.002, 0.02, 0.1),
+    dropouts=(0.0, 0.5),
+    seeds=2,
+    epochs=2,
+    checkpoint_every=10,
+    checkpoint_unit="step",
+)
+
+
 @pytest.fixture(scope="session")
 def trained_sweep(tmp_path_factory):
     """`trained_sweep(cfg) -> folder`: the sweep of `cfg` (a `SweepConfig`), trained once per

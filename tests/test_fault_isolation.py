@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import SMALL_SWEEP
 from safetensors.torch import load_file, save_file
 
 import dtg_gpu
@@ -20,16 +21,7 @@ from dtg_gpu.sweeps import SweepConfig, load_sweep, run_sweep
 from dtg_gpu.workflow import compare, featurize_sweep
 from dtg_gpu.workflow.demo import demo_config, run_demo
 
-CFG = SweepConfig(
-    model="lenet5",
-    dataset="digits",
-    lrs=(0.002, 0.02, 0.1),
-    dropouts=(0.0, 0.5),
-    seeds=2,
-    epochs=2,
-    checkpoint_every=10,
-    checkpoint_unit="step",
-)
+CFG = SweepConfig(**SMALL_SWEEP)
 
 
 @pytest.fixture(scope="module")

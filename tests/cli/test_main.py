@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMALL_SWEEP
 
 import dtg_gpu
 from dtg_gpu import channel_topology
@@ -19,17 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def sweep(trained_sweep):
-    cfg = SweepConfig(
-        model="lenet5",
-        dataset="digits",
-        lrs=(0.002, 0.02, 0.1),
-        dropouts=(0.0, 0.5),
-        seeds=2,
-        epochs=2,
-        checkpoint_every=10,
-        checkpoint_unit="step",
-    )
-    return trained_sweep(cfg)
+    return trained_sweep(SweepConfig(**SMALL_SWEEP))
 
 
 @pytest.mark.parametrize("cmd", SUBCOMMANDS)
