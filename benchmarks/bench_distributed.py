@@ -107,7 +107,7 @@ def _identical(a, b) -> bool:
 
 def _task_costs(runs, k: int) -> list[dict]:
     """Every unit of the plan solved here on one thread: (runs, graphs, seconds)."""
-    from dtg_gpu.engine.solve import plan_units
+    from dtg_gpu.engine.plan import plan_units
     from dtg_gpu.engine.units import SolveSettings, solve_unit
 
     s = SolveSettings(k=k, dtype=torch.float32, tol=1e-6, max_iter=1000, method="auto", per_layer=True, eigenvalue=True)

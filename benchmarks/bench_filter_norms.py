@@ -233,13 +233,14 @@ def end_to_end() -> list[dict]:
     from bench_centrality import build_model
 
     import dtg_gpu
+    import dtg_gpu.engine.plan as plan
     import dtg_gpu.engine.solve as engine
     import dtg_gpu.graph.norms as graph
 
     made, fast, min_graphs, native = (
         engine.BlockOperator,
         graph.row_norms,
-        engine.MIN_CHUNK_GRAPHS,
+        plan.MIN_CHUNK_GRAPHS,
         graph.native_row_norms,
     )
     rows = []
@@ -268,7 +269,7 @@ def end_to_end() -> list[dict]:
                     if mode == "vector_norm":  # the norms as before session 12
                         graph.row_norms = _vector_norm
                     if mode == "four_chunks":  # the chunks as before session 13
-                        engine.MIN_CHUNK_GRAPHS = 1
+                        plan.MIN_CHUNK_GRAPHS = 1
                     try:
                         s = time.perf_counter()
                         cent[mode] = dtg_gpu.analyze(run, device="cpu", dtype=dtype).centrality
@@ -277,7 +278,7 @@ def end_to_end() -> list[dict]:
                         engine.BlockOperator = made  # type: ignore[misc]
                         graph.row_norms = fast
                         graph.native_row_norms = native
-                        engine.MIN_CHUNK_GRAPHS = min_graphs
+                        plan.MIN_CHUNK_GRAPHS = min_graphs
             rows.append(
                 {
                     "model": f"cifar_{name}",

@@ -80,7 +80,7 @@ def test_pipeline_chunks_batch_large_graphs_and_stay_within_the_budget():
     end to end on CPU, float32); long runs still split in about four chunks; the memory
     budget wins over both floors; tiny graphs batch by edges (a LeNet-5 sweep: 1,920 graphs
     in four chunks)."""
-    from dtg_gpu.engine.solve import MIN_CHUNK_GRAPHS, chunk_size_for, pipeline_chunk_size, plan_units
+    from dtg_gpu.engine.plan import MIN_CHUNK_GRAPHS, chunk_size_for, pipeline_chunk_size, plan_units
 
     vgg = build_model("vgg16")
     big = Run(model=vgg, checkpoints=[vgg.state_dict()]).topology

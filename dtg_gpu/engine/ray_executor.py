@@ -23,7 +23,7 @@ from torch import nn
 from dtg_gpu.core.devices import resolve_device
 from dtg_gpu.core.ray import MAX_RETRIES, cause, drain, progress_bar, ray, ray_session, task_resources
 from dtg_gpu.engine.cache import FeatureCache
-from dtg_gpu.engine.solve import Unit
+from dtg_gpu.engine.plan import Unit
 from dtg_gpu.engine.units import Job, SolveSettings, UnitResult, solve_unit, store
 
 __all__ = ["solve_jobs"]

@@ -10,7 +10,8 @@ import torch
 
 from dtg_gpu.engine.cache import CachedRun, FeatureCache, cache_architecture_key, run_id, unit_key
 from dtg_gpu.engine.options import SolverOptions
-from dtg_gpu.engine.solve import GraphBatchResult, Unit, concat_results, iter_solve, plan_units
+from dtg_gpu.engine.plan import Unit, plan_units
+from dtg_gpu.engine.solve import GraphBatchResult, concat_results, iter_solve
 from dtg_gpu.features.layout import StatisticsLayout
 from dtg_gpu.features.statistics import layer_node_groups, layer_statistics, timestep_statistics
 from dtg_gpu.io.run import Run

@@ -166,3 +166,19 @@ class RunManifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, fields in the order above."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class SweepManifest:
+    """A sweep folder's `sweep.json`, as `dtg sweep` writes it before the first run: the
+    format, the `SweepConfig` (as plain values), the run folders in grid order and the grid.
+    A restarted sweep resumes only into a folder whose `sweep.json` has the same config."""
+
+    config: dict[str, Any]
+    runs: list[str]
+    grid: dict[str, Any]
+    format: str = "dtg_gpu.sweep/1"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: format, config, runs, grid."""
+        return {"format": self.format, "config": self.config, "runs": self.runs, "grid": self.grid}

@@ -22,7 +22,7 @@ import torch
 from dtg_gpu.core.devices import resolve_device
 from dtg_gpu.core.validation import is_int
 from dtg_gpu.exceptions import DTGWarning, SweepLockedError
-from dtg_gpu.io.manifest import is_complete, read_manifest
+from dtg_gpu.io.manifest import SweepManifest, is_complete, read_manifest
 from dtg_gpu.models import build_model
 from dtg_gpu.sweeps.config import SweepConfig
 from dtg_gpu.sweeps.data import Dataset, load_dataset
@@ -149,16 +149,10 @@ def _prepare(
 
 
 def sweep_manifest(cfg: SweepConfig, names: list[str]) -> dict[str, Any]:
-    """`sweep.json`'s content: the format, the config, the run folders and the grid."""
-    manifest: dict[str, Any] = {
-        "format": "dtg_gpu.sweep/1",
-        "config": asdict(cfg),
-        "runs": names,
-        "grid": {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)), "seeds": int(cfg.seeds)},
-    }
-    manifest["config"]["lrs"] = list(map(float, cfg.lrs))
-    manifest["config"]["dropouts"] = list(map(float, cfg.dropouts))
-    return manifest
+    """`sweep.json`'s content ([`SweepManifest`][dtg_gpu.io.manifest.SweepManifest]) for `cfg`."""
+    config = {**asdict(cfg), "lrs": list(map(float, cfg.lrs)), "dropouts": list(map(float, cfg.dropouts))}
+    grid = {"lr": list(map(float, cfg.lrs)), "dropout": list(map(float, cfg.dropouts)), "seeds": int(cfg.seeds)}
+    return SweepManifest(config=config, runs=names, grid=grid).to_dict()
 
 
 def _check_same_sweep(out: Path, path: Path, manifest: dict) -> None:

@@ -58,3 +58,13 @@ def test_check_run_json_refuses_fields_the_library_reads_wrongly_typed(tmp_path)
     ):
         with pytest.raises(CheckpointError, match=field):
             check_run_json(bad, path)
+
+
+def test_sweep_json_is_a_sweep_manifest(trained_sweep):
+    from dtg_gpu.io.manifest import SweepManifest
+    from dtg_gpu.sweeps import SweepConfig
+
+    folder = trained_sweep(SweepConfig(lrs=(0.1,), dropouts=(0.0,), epochs=1, checkpoint_every=1))
+    meta = read_manifest(folder / "sweep.json")
+    assert list(meta) == ["format", "config", "runs", "grid"] and meta["format"] == "dtg_gpu.sweep/1"
+    assert SweepManifest(**meta).to_dict() == meta and meta["runs"] == ["run-0000"]
