@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dtg_gpu.cli.common import _build_user_model, _command, _device, _json_safe, _user_model
+from dtg_gpu.cli.common import Command, _build_user_model, _device, _json_safe, _user_model
 
 
 def _analyze_args(p: argparse.ArgumentParser) -> None:
@@ -80,4 +80,4 @@ def _analyze_run(a: argparse.Namespace) -> int:
     return 0
 
 
-analyze = _command("analyze", "centrality statistics of every checkpoint of one run", _analyze_args, _analyze_run)
+analyze = Command("analyze", "centrality statistics of every checkpoint of one run", _analyze_args, _analyze_run)

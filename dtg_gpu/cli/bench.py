@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dtg_gpu.cli.common import _command
+from dtg_gpu.cli.common import Command
 
 
 # ------------------------------------------------------------------------------ bench
@@ -24,4 +24,4 @@ def _bench_run(a: argparse.Namespace) -> int:
     return 0
 
 
-bench = _command("bench", "run the centrality benchmark (from a source checkout)", _bench_args, _bench_run)
+bench = Command("bench", "run the centrality benchmark (from a source checkout)", _bench_args, _bench_run)

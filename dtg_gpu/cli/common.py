@@ -198,10 +198,6 @@ class Command:
         return p
 
 
-def _command(name: str, help: str, configure: Callable, run: Callable) -> Command:
-    return Command(name, help, configure, run)
-
-
 # ---------------------------------------------------------------------------- analyze
 def _user_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dtg_gpu.cli.common import _command, _device, _strict
+from dtg_gpu.cli.common import Command, _device, _strict
 
 
 # ------------------------------------------------------------------------------- demo
@@ -25,4 +25,4 @@ def _demo_run(a: argparse.Namespace) -> int:
     return 0
 
 
-demo = _command("demo", "train the digits sweep, featurise, evaluate, write a report", _demo_args, _demo_run)
+demo = Command("demo", "train the digits sweep, featurise, evaluate, write a report", _demo_args, _demo_run)

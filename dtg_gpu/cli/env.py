@@ -6,7 +6,7 @@ import argparse
 
 import numpy as np
 
-from dtg_gpu.cli.common import _command
+from dtg_gpu.cli.common import Command
 
 
 # -------------------------------------------------------------------------------- env
@@ -42,4 +42,4 @@ def _env_run(a: argparse.Namespace) -> int:
     return 0
 
 
-env = _command("env", "versions, device and CUDA, for bug reports", _env_args, _env_run)
+env = Command("env", "versions, device and CUDA, for bug reports", _env_args, _env_run)

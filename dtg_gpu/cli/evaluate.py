@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from dtg_gpu.cli.common import (
+    Command,
     _cluster,
-    _command,
     _executor,
     _family_flags,
     _features,
@@ -115,4 +115,4 @@ def _evaluate_run(a: argparse.Namespace) -> int:
     return 0
 
 
-evaluate = _command("evaluate", "repeated 90/10 evaluation of the predictor on a sweep", _evaluate_args, _evaluate_run)
+evaluate = Command("evaluate", "repeated 90/10 evaluation of the predictor on a sweep", _evaluate_args, _evaluate_run)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from dtg_gpu.cli.common import (
+    Command,
     _cluster,
-    _command,
     _eigenvalue_flag,
     _features,
     _load_sweep,
@@ -49,4 +49,4 @@ def _featurize_run(a: argparse.Namespace) -> int:
     return 0
 
 
-featurize = _command("featurize", "temporal features of every run of a sweep (CSV)", _featurize_args, _featurize_run)
+featurize = Command("featurize", "temporal features of every run of a sweep (CSV)", _featurize_args, _featurize_run)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dtg_gpu.cli.common import _build_user_model, _command, _device, _strict, _user_model
+from dtg_gpu.cli.common import Command, _build_user_model, _device, _strict, _user_model
 
 
 # ---------------------------------------------------------------------------- predict
@@ -52,4 +52,4 @@ def _predict_run(a: argparse.Namespace) -> int:
     return 1 if bad or not np.isfinite(np.asarray(proba, dtype=float)).all() else 0
 
 
-predict = _command("predict", "predict whether runs end sufficient", _predict_args, _predict_run)
+predict = Command("predict", "predict whether runs end sufficient", _predict_args, _predict_run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dtg_gpu.cli.common import _cluster, _command, _device, _executor
+from dtg_gpu.cli.common import Command, _cluster, _device, _executor
 from dtg_gpu.sweeps.config import LR_SCHEDULES, OPTIMIZERS, PRESETS
 
 
@@ -119,6 +119,6 @@ def _sweep_run(a: argparse.Namespace) -> int:
     return 0
 
 
-sweep = _command(
+sweep = Command(
     "sweep", "train a lr x dropout x seed grid of one model (writes the on-disk format)", _sweep_args, _sweep_run
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from dtg_gpu.cli.common import (
+    Command,
     _classifier,
     _cluster,
-    _command,
     _eigenvalue_flag,
     _features,
     _load_sweep,
@@ -75,4 +75,4 @@ def _train_run(a: argparse.Namespace) -> int:
     return 0
 
 
-train = _command("train", "fit a predictor on a sweep and save it", _train_args, _train_run)
+train = Command("train", "fit a predictor on a sweep and save it", _train_args, _train_run)

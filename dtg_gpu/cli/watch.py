@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dtg_gpu.cli.common import _build_user_model, _command, _device, _json_safe, _positive_int, _threshold, _user_model
+from dtg_gpu.cli.common import Command, _build_user_model, _device, _json_safe, _positive_int, _threshold, _user_model
 
 
 # ------------------------------------------------------------------------------ watch
@@ -90,6 +90,6 @@ def _watch_run(a: argparse.Namespace) -> int:
     return 0
 
 
-watch = _command(
+watch = Command(
     "watch", "as checkpoints land: each run's P(sufficient) and a stop/continue verdict", _watch_args, _watch_run
 )

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from dtg_gpu.core.validation import is_int
+from dtg_gpu.core.validation import check_bool, is_int
 from dtg_gpu.early_stopping.records import (
     RECORD_FEATURE_SETS,
     _finite_record,
@@ -170,8 +170,7 @@ class StoppingRule:
             raise ValueError(f"direction must be 'maximize' or 'minimize', got {self.direction!r}")
         if not (isinstance(self.min_probability, (int, float)) and 0 <= self.min_probability <= 1):
             raise ValueError(f"min_probability must be in [0, 1], got {self.min_probability!r}")
-        if not isinstance(self.warm_start, bool):
-            raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
+        check_bool("warm_start", self.warm_start)
         for name in ("patience", "n_startup_trials", "n_warmup_steps", "n_peers"):
             v = getattr(self, name)
             positive = name in ("patience", "n_peers")
@@ -189,8 +188,7 @@ class StoppingRule:
             raise ValueError(f"threshold must be 'median' or a finite number, got {self.threshold!r}")
         if self.use_values not in (True, False, "auto"):
             raise ValueError(f"use_values must be True, False or 'auto', got {self.use_values!r}")
-        if not isinstance(self.fold_batchnorm, bool):
-            raise ValueError(f"fold_batchnorm must be True or False, got {self.fold_batchnorm!r}")
+        check_bool("fold_batchnorm", self.fold_batchnorm)
         if not (isinstance(self.C, (int, float)) and self.C > 0):
             raise ValueError(f"C must be positive, got {self.C!r}")
         check_alpha(self.alpha)

@@ -33,7 +33,6 @@ Multi-objective studies: Optuna supports no pruning there (`trial.report` and
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import threading
@@ -48,7 +47,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is installed by make test
     raise ImportError("dtg_gpu.integrations.optuna needs Optuna: pip install 'dtg_gpu[optuna]'") from None
 
-from dtg_gpu.core.validation import is_int, is_number
+from dtg_gpu.core.validation import check_number, is_int
 from dtg_gpu.early_stopping.records import checkpoint_record, is_diverged
 from dtg_gpu.early_stopping.rule import StoppingRule, rule_options
 
@@ -160,8 +159,7 @@ def report(trial, model: torch.nn.Module, step: int, value: float | None = None)
     if value is not None:
         if len(study.directions) > 1:
             raise ValueError(_MULTI)
-        if not is_number(value) or not math.isfinite(float(value)):
-            raise ValueError(f"value must be a finite number, got {value!r}")
+        check_number("value", value)
     state = {
         k: v.detach().to("cpu", copy=True).contiguous()
         for k, v in model.state_dict().items()

@@ -27,7 +27,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from dtg_gpu.core.validation import is_int, is_number
+from dtg_gpu.core.validation import check_choice, is_int, is_number
 from dtg_gpu.predictor.networks import _BlockHeads, _mlp, _one_thread
 from dtg_gpu.predictor.persistence import load_predictor, save_predictor
 from dtg_gpu.predictor.scaling import SCALINGS, _f_scores, quantile_normal, training_quantiles
@@ -187,8 +187,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             or (isinstance(self.blocks, (list, tuple)) and all(is_int(w) for w in self.blocks))
         ):
             raise ValueError(f"blocks must be 'auto', None or a list of column widths, got {self.blocks!r}")
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"scaling must be one of {SCALINGS}, got {self.scaling!r}")
+        check_choice("scaling", self.scaling, SCALINGS)
         if self.select is not None and (not is_int(self.select) or self.select < 1):
             raise ValueError(f"select must be None or a positive integer, got {self.select!r}")
         if self.optimizer not in ("adam", "sgd"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -360,12 +360,12 @@ def _coverage(model: nn.Module, layers: list[dict], joined: set | frozenset = fr
 def fx_args(node: torch.fx.Node) -> tuple[Any, ...]:
     """`node.args`, typed for the rules: torch.fx types an argument as the union of
     everything an argument can be; the rules check what they read at run time."""
-    return tuple(node.args)
+    return cast(tuple[Any, ...], node.args)  # no copy: the tracers call this for every argument
 
 
 def fx_kwargs(node: torch.fx.Node) -> dict[str, Any]:
     """`node.kwargs`, typed as `fx_args`."""
-    return dict(node.kwargs)
+    return cast(dict[str, Any], node.kwargs)
 
 
 def known_ids(val: _Val) -> np.ndarray:
