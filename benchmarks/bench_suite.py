@@ -9,6 +9,8 @@ the best mean rank (precision and AUC) on the *other* sweeps, scored on the held
 
 Usage: python benchmarks/bench_suite.py --root ROOT [--repeats 100] [--out benchmarks/results]
        python benchmarks/bench_prediction.py --suite --root ROOT   (the same)
+       python benchmarks/bench_suite.py --root ROOT --transfer   (only the transfer table:
+           leave one architecture family out, results/transfer_suite.md)
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
         "ws": weight_statistics(list(runs), k),
         "cov": covariate_matrix(list(runs), ("lr", "dropout"))[0].numpy(),
     }
+    out["stats_raw"] = sf.stats.double().numpy()  # [runs, T, 5]: the transfer table's inputs
+    out["lam_raw"] = (
+        sf.log_eigenvalue.double().numpy() if sf.log_eigenvalue is not None else np.full((len(runs), T), np.nan)
+    )
     val = [[c.get("val_accuracy") for c in r.meta["checkpoints"][:k]] for r in runs]
     out["curve"] = np.asarray(val, dtype=float)
     np.savez(cache, **out)
@@ -96,6 +102,8 @@ def candidates():
         "weight stats, MLP": (["ws"], lambda: PerformancePredictor.spec(random_state=0)),
         "weight stats, LR(q)": (["ws"], lambda: lr_q()),
         "avg LR(q): folded | ws": (["layer_lam_folded", "ws"], "avg"),
+        "avg LR(q): folded | ws | spec": (["layer_lam_folded", "ws", "spec"], "avg"),
+        "avg LR(q): folded | unfolded | ws": (["layer_lam_folded", "layer_lam", "ws"], "avg"),
         "covariates (hyper-parameter oracle), MLP(q)": (
             ["cov"],
             lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
@@ -220,8 +228,8 @@ def goals(table: dict) -> list[str]:
 
 
 def markdown(doc: dict, feats: dict, command: str) -> str:
-    """The results page: one table (candidates x sweeps), the leave-one-sweep-out choice, the
-    transfer table."""
+    """The results page: one table (candidates x sweeps), the leave-one-sweep-out choice, a
+    link to the transfer table."""
     table = doc["table"]
     sweeps = list(table)
     cands = list(next(iter(table.values())))
@@ -257,19 +265,37 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
             lines.append(
                 f"| {s} | {r['chosen'].replace('|', '/')} | {r['precision']['mean']:.2f} / {r['roc_auc']['mean']:.2f} |"
             )
-    if doc.get("transfer"):
-        t = doc["transfer"]
-        lines += [
-            "",
-            "## Transfer: no run of the held-out sweep seen",
-            "",
-            f"A logistic regression on the seed's features at the first {t['k']} checkpoints of every other sweep, scored on the held-out one (ROC AUC; 0.5 is chance):",
-            "",
-        ]
-        scalings = list(next(iter(t["auc"].values())))
-        lines += ["| held-out sweep | " + " | ".join(scalings) + " |", "|---|" + "---|" * len(scalings)]
-        for s, row in t["auc"].items():
-            lines.append(f"| {s} | " + " | ".join(f"{row[k]:.2f}" for k in scalings) + " |")
+    lines += ["", "The transfer table (no run of the held-out family seen) is [transfer_suite.md](transfer_suite.md)."]
+    return "\n".join(lines) + "\n"
+
+
+def transfer_markdown(t: dict, date: str, command: str) -> str:
+    """The transfer results page (leave one architecture family out)."""
+    labels = list(next(iter(t["rows"].values()))["auc"])
+    lines = [
+        "# Transfer: leave one architecture family out",
+        "",
+        f"`{command}` ({date}). A logistic regression fitted on the sweeps of the *other* families"
+        " (LeNet-5, VGG-11, ResNet-20, MobileNet), scored on each sweep of the held-out family with no run of"
+        " that family seen: ROC AUC against the sweep-median label (0.5 is chance) and its 95 % bootstrap"
+        f" interval over the runs. Seed features: the first {t['k']} checkpoints; growth summary: smoothed"
+        " statistics at k = 25 %, their change since the first checkpoint, log λ₁ and its growth; the peer"
+        " score is the pruner's warm-start comparison (log λ₁ growth since the first checkpoint), no training"
+        " at all.",
+        "",
+        "| held-out sweep (family) | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for s, r in t["rows"].items():
+        cells = [f"{a:.2f} <small>[{lo:.2f}, {hi:.2f}]</small>" for a, lo, hi in (r["auc"][x] for x in labels)]
+        lines.append(f"| {s} ({r['family']}) | " + " | ".join(cells) + " |")
+    verdict = [x for x, ok in t["ship"].items() if ok]
+    lines += [
+        "",
+        "Above chance on every held-out sweep (lower bound > 0.5): "
+        + (", ".join(verdict) if verdict else "none, so no pretrained prior is shipped")
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -296,40 +322,88 @@ def leave_one_sweep_out(table: dict[str, dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
-def transfer(feats: dict[str, dict]) -> dict[str, dict]:
-    """Leave one sweep out: a logistic regression on the seed's features at the first k_min
-    checkpoints of every other sweep, scored (ROC AUC) on the held-out sweep, no run of it
-    seen. Scaling: pooled standardisation, or ranks within each sweep (normal scores)."""
+def family(sweep: str) -> str:
+    """A sweep's architecture family (the model of its preset): lenet5, vgg11, resnet20, ..."""
+    return str(SUITE[sweep].model)
+
+
+def auc_interval(y: np.ndarray, p: np.ndarray, n: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """ROC AUC and its 95 % bootstrap interval over the runs."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(seed)
+    auc = float(roc_auc_score(y, p))
+    draws = []
+    for _ in range(n):
+        i = rng.integers(0, len(y), len(y))
+        if 0 < y[i].sum() < len(i):
+            draws.append(roc_auc_score(y[i], p[i]))
+    lo, hi = np.quantile(draws, [0.025, 0.975])
+    return auc, float(lo), float(hi)
+
+
+def transfer_views(f: dict, kmin: int) -> dict[str, np.ndarray]:
+    """Architecture-free views of one sweep (the same columns for every network): the seed's
+    features at the first ``kmin`` checkpoints, and a growth summary at the sweep's own k
+    (25 % of training): smoothed statistics at k, their change since the first checkpoint,
+    log lambda_1 at k and its growth since the first checkpoint."""
+    import torch
+
+    from dtg_gpu.features.temporal import temporal_features
+
+    k = int(f["k"])
+    raw, lam = f["stats_raw"], f["lam_raw"]
+    smooth = temporal_features(torch.as_tensor(raw[:, :k]), 0.5).numpy().reshape(len(raw), k, 5)
+    growth = np.hstack([smooth[:, -1], raw[:, k - 1] - raw[:, 0], lam[:, k - 1 : k], lam[:, k - 1 : k] - lam[:, :1]])
+    return {"seed": f["spec"][:, : 5 * kmin], "growth": growth, "peer": lam[:, k - 1] - lam[:, 0]}
+
+
+def transfer(feats: dict[str, dict]) -> dict:
+    """Leave one *family* out: a logistic regression fitted on the sweeps of the other
+    architecture families, scored (ROC AUC with a bootstrap interval) on each sweep of the
+    held-out family, no run of that family seen. Inputs: the seed's features (pooled
+    standardisation, or normal scores of the ranks within each sweep) and the growth summary
+    (within-sweep ranks); plus the warm start's peer score alone (log lambda_1 growth, no
+    training at all). A prior would ship only if its lower bound is above 0.5 on every sweep."""
     from scipy.stats import norm, rankdata
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
 
     kmin = min(int(f["k"]) for f in feats.values())
     data = {}
     for name, f in feats.items():
         keep = f["usable"].astype(bool)
-        X = f["spec"][keep][:, : 5 * kmin]
+        views = {v: X[keep] for v, X in transfer_views(f, kmin).items()}
         y = label_runs(f["acc"][keep], "median")
-        good = np.isfinite(X).all(1)
-        data[name] = (X[good], y[good])
+        good = np.isfinite(views["seed"]).all(1) & np.isfinite(views["growth"]).all(1)
+        data[name] = ({v: X[good] for v, X in views.items()}, y[good])
 
     def within(X):
         return norm.ppf((rankdata(X, axis=0) - 0.5) / X.shape[0])
 
-    out = {}
+    rows = {
+        "seed features, standard": ("seed", False),
+        "seed features, within-sweep ranks": ("seed", True),
+        "growth summary, within-sweep ranks": ("growth", True),
+    }
+    out: dict[str, dict] = {}
     for held in data:
+        fam = family(held)
+        train = [n for n in data if family(n) != fam]
         row = {}
-        for scaling in ("standard", "within-sweep ranks"):
-            tr = [within(data[n][0]) if scaling != "standard" else data[n][0] for n in data if n != held]
-            Xtr, ytr = np.vstack(tr), np.concatenate([data[n][1] for n in data if n != held])
-            Xte = within(data[held][0]) if scaling != "standard" else data[held][0]
+        for label, (view, ranks) in rows.items():
+            Xtr = np.vstack([within(data[n][0][view]) if ranks else data[n][0][view] for n in train])
+            ytr = np.concatenate([data[n][1] for n in train])
+            Xte = within(data[held][0][view]) if ranks else data[held][0][view]
             sc = StandardScaler().fit(Xtr)
             clf = LogisticRegression(C=0.1, max_iter=5000).fit(sc.transform(Xtr), ytr)
-            row[scaling] = float(roc_auc_score(data[held][1], clf.predict_proba(sc.transform(Xte))[:, 1]))
-        out[held] = row
-        print(f"transfer -> {held:26s} " + "  ".join(f"{k}: AUC {v:.3f}" for k, v in row.items()), flush=True)
-    return {"k": kmin, "auc": out}
+            row[label] = auc_interval(data[held][1], clf.predict_proba(sc.transform(Xte))[:, 1])
+        peer = data[held][0]["peer"]
+        row["peer score alone (no training)"] = auc_interval(data[held][1], np.where(np.isfinite(peer), peer, -1e9))
+        out[held] = {"family": fam, "trained_on": train, "auc": row}
+        print(f"transfer -> {held:26s} " + "  ".join(f"{k}: {v[0]:.3f}" for k, v in row.items()), flush=True)
+    ship = {label: all(r["auc"][label][1] > 0.5 for r in out.values()) for label in next(iter(out.values()))["auc"]}
+    return {"k": kmin, "rows": out, "ship": ship}
 
 
 def main(argv=None) -> None:
@@ -338,6 +412,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=100)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--only", nargs="*", default=None, help="candidates whose name contains one of these")
+    p.add_argument("--transfer", action="store_true", help="only the transfer table (transfer_suite.md)")
     a = p.parse_args(argv)
     root = Path(a.root)
     feats = {}
@@ -353,6 +428,16 @@ def main(argv=None) -> None:
             print(
                 f"{name}: {int(feats[name]['usable'].sum())} runs, k={int(feats[name]['k'])} of {int(feats[name]['T'])} ({time.time() - t:.0f} s)"
             )
+    command = " ".join(["python benchmarks/bench_suite.py", *(argv if argv is not None else sys.argv[1:])])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    if a.transfer:
+        moved = transfer(feats)
+        (out / "transfer_suite.json").write_text(json.dumps({"date": stamp, **moved}, indent=1))
+        (out / "transfer_suite.md").write_text(transfer_markdown(moved, stamp, command))
+        print(f"-> {out / 'transfer_suite.md'}")
+        return
     cands = candidates()
     if a.only:
         cands = {n: c for n, c in cands.items() if any(o in n for o in a.only)}
@@ -372,14 +457,9 @@ def main(argv=None) -> None:
                 f"{sweep:26s} {cname:42s} {s['precision']['mean']:.3f} / {s['roc_auc']['mean']:.3f}  ({time.time() - t:.0f} s)",
                 flush=True,
             )
-    moved = transfer(feats) if len(feats) >= 2 else {}
     chosen = leave_one_sweep_out(table)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d %H:%M")
-    doc = {"date": stamp, "repeats": a.repeats, "table": table, "transfer": moved, "leave_one_sweep_out": chosen}
+    doc = {"date": stamp, "repeats": a.repeats, "table": table, "leave_one_sweep_out": chosen}
     (out / "prediction_suite.json").write_text(json.dumps(doc, indent=1))
-    command = " ".join(["python benchmarks/bench_suite.py", *(argv if argv is not None else sys.argv[1:])])
     (out / "prediction_suite.md").write_text(markdown(doc, feats, command))
     print(f"-> {out / 'prediction_suite.md'}")
 

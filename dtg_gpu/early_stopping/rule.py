@@ -17,7 +17,9 @@ for $P(\text{sufficient})$:
 * learned online from the finished runs of the same study: their first `k` records,
   labelled by their final value against `threshold` (default: the median of the finished
   runs' final values, in the study's direction); a standardised, L2-regularised logistic
-  regression, refitted only when a run finishes.
+  regression, refitted only when a run finishes, on one BLAS thread (the fit is tiny, and a
+  multi-threaded BLAS waits for the cores the training holds: a replayed 96-trial study ran
+  2x faster beside two training processes on 2 cores, `benchmarks/results/rule_threads.md`).
 
 A run is stopped when $P <$ `min_probability` at `patience` consecutive checks. A
 run whose weights are no longer finite is stopped at once: SGD does not come back from NaN.
@@ -325,7 +327,11 @@ class StoppingRule:
         key = (k, use, tuple(sorted(str(r[0]) for r in rows)))
         model = self._cache.get(key)
         if model is None:
-            model = self._fit(rows, k, use)
+            from threadpoolctl import threadpool_limits
+
+            # a few dozen rows: one BLAS thread is fastest, and leaves the cores to the training
+            with threadpool_limits(limits=1, user_api="blas"):
+                model = self._fit(rows, k, use)
             if len(self._cache) > 256:
                 self._cache = {"features": self._cache.get("features", {})}
             self._cache[key] = model

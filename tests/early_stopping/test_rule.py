@@ -34,3 +34,23 @@ def test_the_front_ends_share_the_options():
     assert scheduler._dtg.rule_kw == pruner._params
     with pytest.raises(TypeError, match="unknown stopping-rule option"):
         DTGScheduler(model=nn.Linear(2, 2), patiance=2)
+
+
+def test_online_fits_run_on_one_blas_thread(monkeypatch):
+    """The refits happen inside training processes: OpenBLAS must not contend for their cores."""
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    seen = []
+    fit = StoppingRule._fit
+
+    def spy(self, rows, k, use_values):
+        seen.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+        return fit(self, rows, k, use_values)
+
+    monkeypatch.setattr(StoppingRule, "_fit", spy)
+    rec = [{"dtg": [0.1, 0.2, 0.3, 0.4, 0.5], "log_eigenvalue": 1.0, "layers": []}]
+    finished = [(f"r{i}", [{**rec[0], "dtg": list(np.arange(5) * (i % 2) + i)}], None, float(i % 2)) for i in range(12)]
+    rule = StoppingRule(features="dtg", n_startup_trials=10)
+    p = rule.probability(rec, None, finished)
+    assert seen and all(n == 1 for threads in seen for n in threads) and 0 <= p <= 1
