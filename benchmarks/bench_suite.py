@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from dtg_gpu.predictor import label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
-from dtg_gpu.sweeps.config import SUITE  # noqa: E402
+from dtg_gpu.sweeps.config import PRESETS, SUITE  # noqa: E402
 
 
 def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
@@ -324,22 +324,25 @@ def leave_one_sweep_out(table: dict[str, dict[str, dict]]) -> dict[str, dict]:
 
 def family(sweep: str) -> str:
     """A sweep's architecture family (the model of its preset): lenet5, vgg11, resnet20, ..."""
-    return str(SUITE[sweep].model)
+    return str(PRESETS[sweep].model)
 
 
 def auc_interval(y: np.ndarray, p: np.ndarray, n: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """ROC AUC and its 95 % bootstrap interval over the runs."""
-    from sklearn.metrics import roc_auc_score
+    """ROC AUC and its 95 % bootstrap interval over the runs (ranks, ties counted half)."""
+    from scipy.stats import rankdata
 
-    rng = np.random.default_rng(seed)
-    auc = float(roc_auc_score(y, p))
-    draws = []
-    for _ in range(n):
-        i = rng.integers(0, len(y), len(y))
-        if 0 < y[i].sum() < len(i):
-            draws.append(roc_auc_score(y[i], p[i]))
+    def auc(yy: np.ndarray, pp: np.ndarray) -> np.ndarray:  # one AUC per row
+        pos = yy.sum(1)
+        r = rankdata(pp, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return ((r * yy).sum(1) - pos * (pos + 1) / 2) / (pos * (yy.shape[1] - pos))
+
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    i = np.random.default_rng(seed).integers(0, len(y), (n, len(y)))
+    draws = auc(y[i], p[i])
+    draws = draws[np.isfinite(draws)]  # a draw with one class has no AUC
     lo, hi = np.quantile(draws, [0.025, 0.975])
-    return auc, float(lo), float(hi)
+    return float(auc(y[None], p[None])[0]), float(lo), float(hi)
 
 
 def transfer_views(f: dict, kmin: int) -> dict[str, np.ndarray]:

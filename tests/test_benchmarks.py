@@ -1,0 +1,60 @@
+"""The suite benchmark's transfer table: a family is held out whole (no sweep of it seen)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_suite  # noqa: E402
+
+
+def _sweep(seed: int, signal: float, n: int = 40, T: int = 8) -> dict:
+    rng = np.random.default_rng(seed)
+    acc = rng.uniform(0, 1, n)
+    raw = rng.normal(size=(n, T, 5))
+    lam = np.cumsum(rng.normal(0.1, 0.05, (n, T)), axis=1)
+    lam[:, 1:] += signal * acc[:, None] * np.arange(1, T)  # runs that end better grow lambda_1 faster
+    k = T // 4
+    return {
+        "k": np.array(k),
+        "T": np.array(T),
+        "acc": acc,
+        "usable": np.ones(n, bool),
+        "spec": rng.normal(size=(n, 5 * T)),
+        "stats_raw": raw,
+        "lam_raw": lam,
+    }
+
+
+def test_transfer_holds_out_a_whole_family_and_scores_each_of_its_sweeps():
+    feats = {
+        "lenet5-digits": _sweep(0, 1.0),
+        "lenet5-shapes-adam": _sweep(1, 1.0),
+        "vgg11-digits": _sweep(2, 1.0),
+        "resnet20-digits": _sweep(3, 0.0),  # no signal: the score is at chance there
+    }
+    t = bench_suite.transfer(feats)
+    rows = t["rows"]
+    assert rows["lenet5-digits"]["family"] == "lenet5"
+    assert sorted(rows["lenet5-digits"]["trained_on"]) == ["resnet20-digits", "vgg11-digits"]
+    assert "lenet5-shapes-adam" not in rows["lenet5-shapes-adam"]["trained_on"]
+    peer = "peer score alone (no training)"
+    auc, lo, hi = rows["vgg11-digits"]["auc"][peer]
+    assert auc > 0.9 and lo <= auc <= hi
+    assert rows["resnet20-digits"]["auc"][peer][1] < 0.5  # its interval reaches below chance
+    assert t["ship"][peer] is False  # not above chance on every held-out sweep: nothing shipped
+    page = bench_suite.transfer_markdown(t, "2026-12-06", "python benchmarks/bench_suite.py --transfer")
+    assert "resnet20-digits (resnet20)" in page and "no pretrained prior is shipped" in page
+
+
+def test_auc_interval_matches_scikit_learn_with_ties():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, 50)
+    p = np.round(rng.normal(size=50) + y, 1)  # ties
+    auc, lo, hi = bench_suite.auc_interval(y, p)
+    assert abs(auc - roc_auc_score(y, p)) < 1e-12
+    assert lo < auc < hi
