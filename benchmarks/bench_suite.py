@@ -272,11 +272,15 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
 def transfer_markdown(t: dict, date: str, command: str) -> str:
     """The transfer results page (leave one architecture family out)."""
     labels = list(next(iter(t["rows"].values()))["auc"])
+    families = sorted({r["family"] for r in t["rows"].values()})
+    missing = [s for s in SUITE if s not in t["rows"]]
     lines = [
         "# Transfer: leave one architecture family out",
         "",
-        f"`{command}` ({date}). A logistic regression fitted on the sweeps of the *other* families"
-        " (LeNet-5, VGG-11, ResNet-20, MobileNet), scored on each sweep of the held-out family with no run of"
+        f"`{command}` ({date}; {len(t['rows'])} sweeps of the suite, families {', '.join(families)}"
+        + (f"; not trained for this run: {', '.join(missing)}" if missing else "")
+        + "). A logistic regression fitted on the sweeps of the *other* families,"
+        " scored on each sweep of the held-out family with no run of"
         " that family seen: ROC AUC against the sweep-median label (0.5 is chance) and its 95 % bootstrap"
         f" interval over the runs. Seed features: the first {t['k']} checkpoints; growth summary: smoothed"
         " statistics at k = 25 %, their change since the first checkpoint, log λ₁ and its growth; the peer"
