@@ -64,9 +64,7 @@ def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
         "cov": covariate_matrix(list(runs), ("lr", "dropout"))[0].numpy(),
     }
     out["stats_raw"] = sf.stats.double().numpy()  # [runs, T, 5]: the transfer table's inputs
-    out["lam_raw"] = (
-        sf.log_eigenvalue.double().numpy() if sf.log_eigenvalue is not None else np.full((len(runs), T), np.nan)
-    )
+    out["lam_raw"] = sf.log_eigenvalue.double().numpy()  # featurize_sweep always solves for lambda_1
     val = [[c.get("val_accuracy") for c in r.meta["checkpoints"][:k]] for r in runs]
     out["curve"] = np.asarray(val, dtype=float)
     np.savez(cache, **out)
