@@ -58,3 +58,23 @@ def test_auc_interval_matches_scikit_learn_with_ties():
     auc, lo, hi = bench_suite.auc_interval(y, p)
     assert abs(auc - roc_auc_score(y, p)) < 1e-12
     assert lo < auc < hi
+
+
+def test_blend_gives_the_informative_set_the_weight():
+    import bench_blend
+
+    rng = np.random.default_rng(2)
+    n = 80
+    y = np.repeat([0, 1], n // 2)
+    informative = rng.normal(size=(n, 4)) + 2.0 * y[:, None]
+    noise = rng.normal(size=(n, 3))
+    train, test = np.arange(0, n, 2), np.arange(1, n, 2)
+    out = bench_blend.combine([informative, noise], y, train, test, seed=0)
+    assert out["w_log_loss"] >= 0.75  # the informative block carries the weight
+    assert out["w_auc"] >= 0.5  # (AUC saturates at 1: ties go to the smaller weight)
+    assert set(out["probs"]) == set(bench_blend.ROWS)
+    p = out["probs"]
+    assert all(v.shape == (test.size,) and np.all((v >= 0) & (v <= 1)) for v in p.values())
+    np.testing.assert_allclose(
+        p["equal average (the default's rule)"], (p[bench_blend.ROWS[0]] + p[bench_blend.ROWS[1]]) / 2
+    )
