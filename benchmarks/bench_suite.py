@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 import warnings
@@ -234,6 +235,14 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
     lines = [
         "# Prediction on the benchmark suite",
         "",
+        *(
+            [
+                f"Only the rows whose name contains one of {', '.join(repr(o) for o in doc['only'])} (`--only`): the goals need every row.",
+                "",
+            ]
+            if doc.get("only")
+            else []
+        ),
         f"`{command}` ({doc['date']}, {doc['repeats']} stratified 90/10 splits per cell, shared by every row;"
         " label: final accuracy >= the sweep median; k = 25 % of the checkpoints). Each cell: precision / ROC AUC"
         " of the sufficient class, mean over the splits, and the 95 % interval of each.",
@@ -417,6 +426,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=100)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--only", nargs="*", default=None, help="candidates whose name contains one of these")
+    p.add_argument("--stem", default="prediction_suite", help="name of the results page (without .md / .json)")
     p.add_argument("--transfer", action="store_true", help="only the transfer table (transfer_suite.md)")
     a = p.parse_args(argv)
     root = Path(a.root)
@@ -433,7 +443,7 @@ def main(argv=None) -> None:
             print(
                 f"{name}: {int(feats[name]['usable'].sum())} runs, k={int(feats[name]['k'])} of {int(feats[name]['T'])} ({time.time() - t:.0f} s)"
             )
-    command = " ".join(["python benchmarks/bench_suite.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "benchmarks/bench_suite.py", *(argv if argv is not None else sys.argv[1:])])
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M")
@@ -464,9 +474,11 @@ def main(argv=None) -> None:
             )
     chosen = leave_one_sweep_out(table)
     doc = {"date": stamp, "repeats": a.repeats, "table": table, "leave_one_sweep_out": chosen}
-    (out / "prediction_suite.json").write_text(json.dumps(doc, indent=1))
-    (out / "prediction_suite.md").write_text(markdown(doc, feats, command))
-    print(f"-> {out / 'prediction_suite.md'}")
+    if a.only:
+        doc["only"] = list(a.only)
+    (out / f"{a.stem}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{a.stem}.md").write_text(markdown(doc, feats, command))
+    print(f"-> {out / f'{a.stem}.md'}")
 
 
 if __name__ == "__main__":

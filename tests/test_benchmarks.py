@@ -78,3 +78,15 @@ def test_blend_gives_the_informative_set_the_weight():
     np.testing.assert_allclose(
         p["equal average (the default's rule)"], (p[bench_blend.ROWS[0]] + p[bench_blend.ROWS[1]]) / 2
     )
+
+
+def test_a_page_of_some_rows_says_so_and_claims_no_goal():
+    cell = {m: {"mean": 0.8, "ci_low": 0.7, "ci_high": 0.9} for m in ("precision", "roc_auc")}
+    table = {"lenet5-digits": {bench_suite.DEFAULT: cell, "spec (seed: dtg, MLP)": cell}}
+    doc = {"date": "2026-12-06", "repeats": 2, "table": table, "leave_one_sweep_out": {}, "only": ["spec", "default"]}
+    feats = {"lenet5-digits": {"k": np.array(5), "T": np.array(20)}}
+    page = bench_suite.markdown(doc, feats, "python benchmarks/bench_suite.py --only spec default")
+    assert "Only the rows whose name contains one of 'spec', 'default' (`--only`)" in page
+    assert "## Goals" not in page  # the goals compare against every single row and the oracle
+    full = bench_suite.markdown({**doc, "only": None}, feats, "python benchmarks/bench_suite.py")
+    assert "Only the rows" not in full
