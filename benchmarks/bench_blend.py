@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_suite import sweep_features  # noqa: E402
+from bench_suite import lr_q, sweep_features  # noqa: E402
 
 from dtg_gpu.predictor import label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import summarize  # noqa: E402
@@ -48,18 +48,6 @@ ROWS = (
 )
 
 
-def _lr():
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import QuantileTransformer, StandardScaler
-
-    return make_pipeline(
-        QuantileTransformer(output_distribution="normal", n_quantiles=50),
-        StandardScaler(),
-        LogisticRegression(C=0.1, max_iter=5000),
-    )
-
-
 def logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-6, 1 - 1e-6)
     return np.log(p / (1 - p))
@@ -72,7 +60,7 @@ def out_of_fold(blocks: list[np.ndarray], y: np.ndarray, folds: int = 5, seed: i
     P = np.zeros((len(blocks), y.size))
     for tr, te in StratifiedKFold(folds, shuffle=True, random_state=seed).split(blocks[0], y):
         for i, B in enumerate(blocks):
-            P[i, te] = _lr().fit(B[tr], y[tr]).predict_proba(B[te])[:, 1]
+            P[i, te] = lr_q().fit(B[tr], y[tr]).predict_proba(B[te])[:, 1]
     return P
 
 
@@ -91,7 +79,7 @@ def combine(blocks: list[np.ndarray], y: np.ndarray, train: np.ndarray, test: np
     """Every row's probabilities on `test`, fitted on `train`; also the weights chosen."""
     from sklearn.linear_model import LogisticRegression
 
-    P = np.array([_lr().fit(B[train], y[train]).predict_proba(B[test])[:, 1] for B in blocks])
+    P = np.array([lr_q().fit(B[train], y[train]).predict_proba(B[test])[:, 1] for B in blocks])
     O = out_of_fold([B[train] for B in blocks], y[train], seed=seed)
     w_ll, w_auc = choose_weight(O, y[train], "log_loss"), choose_weight(O, y[train], "auc")
     stack = LogisticRegression(C=1.0).fit(logit(O).T, y[train])

@@ -72,20 +72,22 @@ def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def candidates():
-    """name -> (feature blocks, model factory). Models get a list of matrices (one per block)."""
+def lr_q(C: float = 0.1):
+    """The "LR(q)" rows' model: quantile-normalised columns, standardised, an L2 logistic regression."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import QuantileTransformer, StandardScaler
 
-    from dtg_gpu.predictor import PerformancePredictor
+    return make_pipeline(
+        QuantileTransformer(output_distribution="normal", n_quantiles=50),
+        StandardScaler(),
+        LogisticRegression(C=C, max_iter=5000),
+    )
 
-    def lr_q(C=0.1):
-        return make_pipeline(
-            QuantileTransformer(output_distribution="normal", n_quantiles=50),
-            StandardScaler(),
-            LogisticRegression(C=C, max_iter=5000),
-        )
+
+def candidates():
+    """name -> (feature blocks, model factory). Models get a list of matrices (one per block)."""
+    from dtg_gpu.predictor import PerformancePredictor
 
     def mlp(**kw):
         return PerformancePredictor(random_state=0, **kw)
@@ -130,19 +132,8 @@ class Averaged:
         return [X[:, a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
     def fit(self, X, y):
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import QuantileTransformer, StandardScaler
-
         self.classes_ = np.unique(y)
-        self.models_ = []
-        for B in self._blocks(X):
-            m = make_pipeline(
-                QuantileTransformer(output_distribution="normal", n_quantiles=50),
-                StandardScaler(),
-                LogisticRegression(C=self.C, max_iter=5000),
-            )
-            self.models_.append(m.fit(B, y))
+        self.models_ = [lr_q(self.C).fit(B, y) for B in self._blocks(X)]
         return self
 
     def predict_proba(self, X):
