@@ -236,7 +236,10 @@ class DTGPruner(optuna.pruners.BasePruner):
         reported with [`report`][dtg_gpu.integrations.optuna.report]), `alpha=0.5`,
         `fold_batchnorm=False`, `warm_start=True` (before enough trials have completed,
         prune a trial that stays behind the others at the same step, as `MedianPruner` does
-        with values), `n_peers=5`); the study's direction is respected.
+        with values), `n_peers=5`, `value_median=0.1` (with the values the trial reports: a
+        trial whose best value is behind the completed trials' median at its step is pruned,
+        as `MedianPruner` prunes it, and the checkpoints prune one only below 0.1)); the
+        study's direction is respected.
 
     Notes
     -----
@@ -270,7 +273,9 @@ class DTGPruner(optuna.pruners.BasePruner):
         direction = "maximize" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "minimize"
         rule = self._rule(direction)
         finished, peers = [], []
-        if rule.predictor is None:
+        if rule.predictor is None or rule.value_test(
+            _values(trial, steps), len(steps)
+        ):  # the value's median test reads the finished runs too
             TS = optuna.trial.TrialState
             for t in study.get_trials(deepcopy=False, states=(TS.COMPLETE, TS.PRUNED, TS.RUNNING)):
                 if t.number == trial.number:
@@ -294,4 +299,4 @@ class DTGPruner(optuna.pruners.BasePruner):
         study._storage.set_trial_system_attr(trial._trial_id, f"{_PROB}{steps[-1]:09d}", p)
         attrs = trial.system_attrs
         history = [attrs.get(f"{_PROB}{s:09d}") for s in steps[:-1]] + [p]
-        return self._rule("maximize").should_stop(history, diverged=is_diverged(records))
+        return self._rule("maximize").should_stop(history, diverged=is_diverged(records), values=_values(trial, steps))

@@ -143,7 +143,7 @@ class _State:
         p = self.rule.probability(recs, self.values[trial_id], finished, peers)
         hist = self.history.setdefault(trial_id, [])
         hist.append(p)
-        return self.rule.should_stop(hist, diverged=is_diverged(recs))
+        return self.rule.should_stop(hist, diverged=is_diverged(recs), values=self.values[trial_id])
 
     def complete(self, trial_id: str, result: dict | None) -> None:
         if trial_id in self.stopped or not self.records.get(trial_id):

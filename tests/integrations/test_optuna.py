@@ -308,3 +308,57 @@ def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tm
         assert (t.state == optuna.trial.TrialState.PRUNED) == rule.should_stop(
             [t.system_attrs[f"dtg:p:{st:09d}"] for st in steps]
         )
+
+
+def test_the_value_median_test_stops_a_run_behind_the_finished_ones():
+    """With the value, a run behind the finished runs' median value at its checkpoint gets P = 0
+    (Optuna's MedianPruner test, its best value so far); otherwise the checkpoints stop it only
+    below value_median, not min_probability."""
+    fin = [(f"f{i}", _lam(0.0, 0.1 * i), [0.2, 0.5 + 0.1 * i], 0.5 + 0.1 * i) for i in range(5)]  # median at k=2: 0.7
+    rule = StoppingRule(warm_start=False)  # P None from the checkpoints: only the value decides
+    mine = _lam(0.0, 0.2)
+    assert rule.probability(mine, [0.3, 0.6], fin) == 0.0 and rule.should_stop([None, 0.0], values=[0.3, 0.6])
+    assert rule.probability(mine, [0.75, 0.6], fin) is None  # its best so far (0.75) is not behind
+    assert rule.probability(mine, [0.3, 0.6], fin[:4]) is None  # fewer than 5 finished: no test
+    mini = StoppingRule(warm_start=False, direction="minimize")
+    assert mini.probability(mine, [0.3, 0.6], fin) is None and mini.probability(mine, [0.9, 0.8], fin) == 0.0
+    assert StoppingRule(warm_start=False, value_median=None).probability(mine, [0.3, 0.6], fin) is None
+    assert StoppingRule(warm_start=False, use_values=False).probability(mine, [0.3, 0.6], fin) is None
+    assert rule.probability(mine, [0.3, None], fin) is None  # a value missing: decided from the weights alone
+    # the cut: 0.2 stops a run without values (min_probability 0.3), not one that took the value's test
+    assert rule.should_stop([0.2], values=None) and not rule.should_stop([0.2], values=[0.9])
+    assert rule.should_stop([0.05], values=[0.9])
+    assert StoppingRule(value_median=None).should_stop([0.2], values=[0.9])
+    for bad in (0, 0.0, 1.5, True, "x"):
+        with pytest.raises(ValueError, match="value_median must be in"):
+            StoppingRule(value_median=bad)
+
+
+def test_with_the_value_the_pruner_prunes_what_median_pruner_prunes():
+    """The value's test is Optuna's MedianPruner, decision for decision: replayed on one random
+    study with the checkpoints unable to decide (no online model, no warm start)."""
+    rng = np.random.default_rng(0)
+    curves = np.cumsum(
+        rng.uniform(-0.08, 0.1, size=(24, 5)), axis=1
+    )  # not monotone: best so far matters + rng.uniform(0, 0.5, size=(24, 1))
+    finals = curves[:, -1] + rng.normal(0, 0.02, 24)
+
+    def replay(pruner) -> list[tuple[int, int]]:
+        study = optuna.create_study(direction="maximize", pruner=pruner)
+        cut = []
+        for i, curve in enumerate(curves):
+            t, net = study.ask(), _net(i)
+            for s, v in enumerate(curve):
+                report(t, net, s, float(v))
+                if t.should_prune():
+                    cut.append((i, s))
+                    study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                    break
+            else:
+                study.tell(t, float(finals[i]))
+        return cut
+
+    ours = replay(DTGPruner(use_values=True, warm_start=False, n_startup_trials=1000))
+    assert ours == replay(optuna.pruners.MedianPruner()) and len(ours) >= 5
+    # value_median=None: the value is one input to P, nothing is cut without the online model
+    assert replay(DTGPruner(use_values=True, warm_start=False, n_startup_trials=1000, value_median=None)) == []
