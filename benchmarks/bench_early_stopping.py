@@ -79,6 +79,7 @@ SUITE_METHODS = (
     "DTGPruner (data-free)",
     "DTGPruner cold (data-free)",
     "DTGPruner+val_accuracy",
+    "DTGPruner+val_accuracy, value_median=None",
     "DTGPruner cold+val_accuracy",
     "DTGPruner folded (data-free)",
     "DTGPruner folded+val_accuracy",
@@ -100,6 +101,8 @@ def methods(quick: bool) -> dict:
         "DTGPruner cold+val_accuracy": lambda: DTGPruner(use_values=True, warm_start=False),
         "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(use_values=False, features="dtg+weight_stats"),
         "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True),
+        # the rule before MedianPruner's test on the value (the value one more input to P)
+        "DTGPruner+val_accuracy, value_median=None": lambda: DTGPruner(use_values=True, value_median=None),
         # no decision on the first two checkpoints (steps 0 and 1): VGG-11 lost its best run at epoch 1
         "DTGPruner n_warmup_steps=2 (data-free)": lambda: DTGPruner(use_values=False, n_warmup_steps=2),
         "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(use_values=True, n_warmup_steps=2),
@@ -220,6 +223,13 @@ def main() -> None:
         help="every sweep of dtg_gpu.sweeps.config.SUITE under --root; the suite's methods; writes early_stopping_suite",
     )
     ap.add_argument("--root", default=None, help="with --suite: folder with one trained sweep per preset (ROOT/NAME)")
+    ap.add_argument(
+        "--presets",
+        nargs="*",
+        default=None,
+        help="with --suite: these presets only (with --merge: add them to the page)",
+    )
+    ap.add_argument("--stem", default=None, help="the results' file name (default early_stopping[_quick][_suite])")
     ap.add_argument("--orderings", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "dtg-bench-early-stopping"))
@@ -247,7 +257,10 @@ def main() -> None:
 
         if not a.root:
             ap.error("--suite needs --root ROOT (ROOT/NAME for each preset of the suite)")
-        a.sweeps = [str(Path(a.root) / n) for n in SUITE]
+        unknown = sorted(set(a.presets or ()) - set(SUITE))
+        if unknown:
+            ap.error(f"--presets: not in the suite: {', '.join(unknown)}")
+        a.sweeps = [str(Path(a.root) / n) for n in SUITE if a.presets is None or n in a.presets]
         a.only = a.only or list(SUITE_METHODS)
         a.curve = a.curve or []
     elif not a.sweeps:
@@ -256,6 +269,9 @@ def main() -> None:
     n_orders = 3 if a.quick else a.orderings
     out = Path(a.out)
     results = {"orderings": n_orders, "date": time.strftime("%Y-%m-%d %H:%M"), "sweeps": {}}
+    stem = a.stem or ("early_stopping_quick" if a.quick else "early_stopping") + ("_suite" if a.suite else "")
+    saved = out / f"{stem}.json"
+    before = set(json.loads(saved.read_text()).get("sweeps", {})) if a.merge and saved.exists() else set()
     for folder in map(Path, a.sweeps):
         sweep = sweep_records(folder, Path(a.work))
         n = len(sweep["runs"])
@@ -303,11 +319,10 @@ def main() -> None:
                             flush=True,
                         )
                     res["curve"][label] = pts
-        stamp = "curve_date" if a.curve_only else "rows_added" if (a.only and a.merge) else "date"
+        stamp = "curve_date" if a.curve_only else "rows_added" if (a.only and folder.name in before) else "date"
         res[stamp] = results["date"]
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
-    stem = ("early_stopping_quick" if a.quick else "early_stopping") + ("_suite" if a.suite else "")
     if a.merge and (out / f"{stem}.json").exists():  # keep the other sweeps' tables, rows and curves
         old = json.loads((out / f"{stem}.json").read_text())
         merged = old.get("sweeps", {})
@@ -320,6 +335,10 @@ def main() -> None:
                 curve[label] = [by_p[k] for k in sorted(by_p)]
             res["curve"] = curve
             merged[name] = prev | res
+        if a.suite:  # the suite's order, whichever presets were added when
+            from dtg_gpu.sweeps.config import SUITE
+
+            merged = {n: merged[n] for n in SUITE if n in merged} | merged
         results["sweeps"] = merged
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     write_markdown(results, out / f"{stem}.md", suite=a.suite)
@@ -457,6 +476,36 @@ def goals(results: dict) -> list[str]:
     ]
 
 
+#: the README's early-stopping table: these rows, ranged over the suite's sweeps
+README_ROWS = (
+    "DTGPruner (data-free)",
+    "DTGPruner+val_accuracy",
+    "DTGPruner+val_accuracy, value_median=None",
+    "MedianPruner",
+    "HyperbandPruner",
+)
+
+
+def ranges(results: dict) -> list[str]:
+    """The README's table: for each of `README_ROWS`, S, R = 0 and mean regret ranged over
+    the sweeps that have every row."""
+    sweeps = [r["methods"] for r in results["sweeps"].values() if all(m in r["methods"] for m in README_ROWS)]
+    if not sweeps:
+        return []
+    lines = [
+        f"## Over the {len(sweeps)} sweeps (the README's table)",
+        "",
+        "| pruner | S, range over sweeps | R = 0, range over sweeps | R mean, range over sweeps |",
+        "|---|---|---|---|",
+    ]
+    for name in README_ROWS:
+        S = [m[name]["saved_mean"] for m in sweeps]
+        Z = [m[name]["regret_zero_share"] for m in sweeps]
+        R = [m[name]["regret_mean"] for m in sweeps]
+        lines.append(f"| {name} | {min(S):.2f}–{max(S):.2f} | {min(Z):.0%}–{max(Z):.0%} | {min(R):.4f}–{max(R):.4f} |")
+    return [*lines, ""]
+
+
 def write_markdown(results: dict, path: Path, suite: bool = False) -> None:
     lines = [
         f"# Early stopping: replayed sweeps ({results['orderings']} orderings, {results['date']})",
@@ -474,10 +523,12 @@ def write_markdown(results: dict, path: Path, suite: bool = False) -> None:
     if suite:
         lines[2] = lines[2].replace(
             "`python benchmarks/bench_early_stopping.py SWEEP ...`",
-            "`python benchmarks/bench_early_stopping.py --suite --root ROOT` (the eight sweeps of "
-            "`dtg_gpu.sweeps.config.SUITE`, each trained with `dtg sweep --preset NAME`)",
+            "`python benchmarks/bench_early_stopping.py --suite --root ROOT` (the sweeps of "
+            f"`dtg_gpu.sweeps.config.SUITE`, {len(results['sweeps'])} here, each trained with "
+            "`dtg sweep --preset NAME`)",
         )
         lines += goals(results)
+        lines += ranges(results)
     for name, res in results["sweeps"].items():
         lines += [
             f"## {name}: {res['model']}, {res['runs']} runs x {res['checkpoints']} checkpoints"

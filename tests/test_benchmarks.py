@@ -90,3 +90,20 @@ def test_a_page_of_some_rows_says_so_and_claims_no_goal():
     assert "## Goals" not in page  # the goals compare against every single row and the oracle
     full = bench_suite.markdown({**doc, "only": None}, feats, "python benchmarks/bench_suite.py")
     assert "Only the rows" not in full
+
+
+def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
+    import bench_early_stopping as es
+
+    def row(S, Z, R):
+        return {"saved_mean": S, "regret_zero_share": Z, "regret_mean": R}
+
+    full = {m: row(0.6, 0.9, 0.001) for m in es.README_ROWS}
+    other = {m: row(0.7, 1.0, 0.0) for m in es.README_ROWS} | {"MedianPruner": row(0.8, 0.5, 0.02)}
+    partial = {"MedianPruner": row(0.1, 0.0, 0.5)}  # lacks the DTG rows: left out of every range
+    results = {"sweeps": {"a": {"methods": full}, "b": {"methods": other}, "c": {"methods": partial}}}
+    lines = es.ranges(results)
+    assert lines[0] == "## Over the 2 sweeps (the README's table)"
+    assert "| MedianPruner | 0.60–0.80 | 50%–90% | 0.0010–0.0200 |" in lines
+    assert "| DTGPruner+val_accuracy, value_median=None | 0.60–0.70 | 90%–100% | 0.0000–0.0010 |" in lines
+    assert es.ranges({"sweeps": {"c": {"methods": partial}}}) == []
