@@ -28,8 +28,9 @@ With the value the run reports (validation accuracy or loss, `use_values`), the 
 runs the value's own test, as Optuna's `MedianPruner` does: a run whose best value so far
 is behind the median of the finished runs' values at the same checkpoint gets $P = 0$, and
 the checkpoints then stop a run only when they are surer ($P <$ `value_median`, default 0.1).
-Replayed on the eight suite sweeps this saves at least as much as `MedianPruner` on every
-one (`benchmarks/results/early_stopping_suite.md`); the values alone decide most of it.
+Replayed on the suite's sweeps this saves at least as much as `MedianPruner`, at a mean
+regret within about one test sample of its (`benchmarks/results/early_stopping_suite_retrained.md`,
+`early_stopping_value_median.md`); the values alone decide most of it.
 """
 
 from __future__ import annotations
