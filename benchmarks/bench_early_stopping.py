@@ -39,9 +39,11 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.early_stopping.records import many_run_records  # noqa: E402
 from dtg_gpu.integrations.optuna import _STEP, DTGPruner  # noqa: E402
 from dtg_gpu.sweeps import load_sweep  # noqa: E402
+from dtg_gpu.sweeps.config import SUITE  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -65,7 +67,7 @@ def sweep_records(folder: Path, work: Path) -> dict:
     out["seconds"] = time.perf_counter() - t0
     out["model"] = runs[0].meta.get("model")
     work.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(out))
+    atomic_write(cache, json.dumps(out))
     return out
 
 
@@ -253,8 +255,6 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="add these sweeps to the saved results, keep the others")
     a = ap.parse_args()
     if a.suite:
-        from dtg_gpu.sweeps.config import SUITE
-
         if not a.root:
             ap.error("--suite needs --root ROOT (ROOT/NAME for each preset of the suite)")
         unknown = sorted(set(a.presets or ()) - set(SUITE))
@@ -270,8 +270,8 @@ def main() -> None:
     out = Path(a.out)
     results = {"orderings": n_orders, "date": time.strftime("%Y-%m-%d %H:%M"), "sweeps": {}}
     stem = a.stem or ("early_stopping_quick" if a.quick else "early_stopping") + ("_suite" if a.suite else "")
-    saved = out / f"{stem}.json"
-    before = set(json.loads(saved.read_text()).get("sweeps", {})) if a.merge and saved.exists() else set()
+    store = out / f"{stem}.json"
+    before = set(json.loads(store.read_text()).get("sweeps", {})) if a.merge and store.exists() else set()
     for folder in map(Path, a.sweeps):
         sweep = sweep_records(folder, Path(a.work))
         n = len(sweep["runs"])
@@ -323,8 +323,10 @@ def main() -> None:
         res[stamp] = results["date"]
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
-    if a.merge and (out / f"{stem}.json").exists():  # keep the other sweeps' tables, rows and curves
-        old = json.loads((out / f"{stem}.json").read_text())
+    if (
+        a.merge and store.exists()
+    ):  # keep the other sweeps' tables, rows and curves (read again: another replay may have merged since)
+        old = json.loads(store.read_text())
         merged = old.get("sweeps", {})
         for name, res in results["sweeps"].items():
             prev = merged.get(name, {})
@@ -336,11 +338,9 @@ def main() -> None:
             res["curve"] = curve
             merged[name] = prev | res
         if a.suite:  # the suite's order, whichever presets were added when
-            from dtg_gpu.sweeps.config import SUITE
-
             merged = {n: merged[n] for n in SUITE if n in merged} | merged
         results["sweeps"] = merged
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    atomic_write(store, json.dumps(results, indent=1))  # the merge's store: never half-written
     write_markdown(results, out / f"{stem}.md", suite=a.suite)
     if not a.quick and not a.suite:
         plot(results, out / "early_stopping_curve.png")
@@ -565,7 +565,7 @@ def write_markdown(results: dict, path: Path, suite: bool = False) -> None:
             ]
         lines += matched(res)
         lines.append("")
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))
 
 
 def plot(results: dict, path: Path) -> None:
