@@ -323,9 +323,8 @@ def main() -> None:
         res[stamp] = results["date"]
         results["sweeps"][folder.name] = res
     out.mkdir(parents=True, exist_ok=True)
-    if (
-        a.merge and store.exists()
-    ):  # keep the other sweeps' tables, rows and curves (read again: another replay may have merged since)
+    # keep the other sweeps' tables, rows and curves (read again: another replay may have merged since)
+    if a.merge and store.exists():
         old = json.loads(store.read_text())
         merged = old.get("sweeps", {})
         for name, res in results["sweeps"].items():
