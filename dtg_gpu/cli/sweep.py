@@ -52,6 +52,13 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
         default=32,
         help="runs of one seed trained at once as one grouped network (1: one at a time)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="train this many runs (or grouped batches) at once in worker processes sharing "
+        "the CPU threads (batch-norm / residual nets on a multi-core CPU); default 1",
+    )
     p.add_argument("--data-root", default="data", help="where MNIST/CIFAR live (default ./data)")
     p.add_argument("--download", action="store_true", help="let torchvision download a missing dataset")
     p.add_argument("--out", required=True, help="sweep folder (resumable)")
@@ -105,6 +112,8 @@ def _sweep_run(a: argparse.Namespace) -> int:
     cfg = SweepConfig.preset(a.preset, **changes) if a.preset else SweepConfig(**changes)
     if a.group_size < 1:
         raise ValueError(f"--group-size must be >= 1, got {a.group_size}")
+    if a.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {a.workers}")
     out = run_sweep(
         cfg,
         a.out,
@@ -113,6 +122,7 @@ def _sweep_run(a: argparse.Namespace) -> int:
         device=a.device,
         progress=not a.quiet,
         group_size=a.group_size,
+        workers=a.workers,
         **_executor(a),
     )
     print(f"sweep complete: {out}")

@@ -12,6 +12,7 @@ import torch
 
 from dtg_gpu.core.devices import resolve_device
 from dtg_gpu.core.ray import MAX_RETRIES, cause, drain, progress_bar, ray, ray_session, task_resources
+from dtg_gpu.sweeps.state import raise_failures
 
 __all__ = ["train_batches"]
 
@@ -50,8 +51,6 @@ def train_batches(
     SweepFailedError
         After every other batch finished: the runs whose tasks failed, with the causes.
     """
-    from dtg_gpu.exceptions import SweepFailedError
-
     dev = None if device is None else torch.device(device)
     failures: dict[str, str] = {}
     with ray_session(address):
@@ -80,10 +79,4 @@ def train_batches(
         drain(
             pending, handle, progress_bar(progress, total or done + sum(map(len, batches)), "sweep (ray)", "run", done)
         )
-    if failures:
-        lines = "; ".join(f"{n}: {why}" for n, why in list(failures.items())[:8])
-        raise SweepFailedError(
-            f"{len(failures)} run(s) of {out} could not be trained ({lines}); every other "
-            "run is complete; rerun the same command to retry them",
-            failures,
-        )
+    raise_failures(out, failures)

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from dtg_gpu.core.files import atomic_write
-from dtg_gpu.exceptions import CheckpointError, DTGWarning
+from dtg_gpu.exceptions import CheckpointError, DTGWarning, SweepFailedError
 from dtg_gpu.io.manifest import read_manifest, run_state
 from dtg_gpu.sweeps.config import SweepConfig
 
-__all__ = ["ASIDE_DIRNAME"]
+__all__ = ["ASIDE_DIRNAME", "raise_failures"]
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -89,3 +89,16 @@ def _sweep_grid(meta: Any) -> tuple[SweepConfig, list[dict[str, Any]]] | None:
         return cfg, cfg.grid()
     except (TypeError, ValueError):
         return None
+
+
+def raise_failures(out: Path, failures: dict[str, str]) -> None:
+    """Raise [`SweepFailedError`][dtg_gpu.exceptions.SweepFailedError] naming the runs of `out` that could not be trained
+    (run name → why), if any: what a sweep on Ray or on worker processes does after every
+    other batch has finished."""
+    if failures:
+        lines = "; ".join(f"{n}: {why}" for n, why in list(failures.items())[:8])
+        raise SweepFailedError(
+            f"{len(failures)} run(s) of {out} could not be trained ({lines}); every other "
+            "run is complete; rerun the same command to retry them",
+            failures,
+        )
