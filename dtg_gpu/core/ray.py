@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from dtg_gpu.core.failures import cause
+
 try:
     import ray
 except ImportError:  # pragma: no cover - the extra is installed by make test
@@ -99,12 +101,6 @@ def task_resources(device: torch.device | None) -> dict[str, float]:
     if gpus >= 1 and (device is None or device.type == "cuda"):
         return {"num_gpus": 1, "num_cpus": 1}
     return {"num_cpus": 1}
-
-
-def cause(exc: BaseException) -> str:
-    cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"
 
 
 def drain(

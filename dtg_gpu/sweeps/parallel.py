@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from dtg_gpu.core.failures import cause
 from dtg_gpu.sweeps.config import SweepConfig
 from dtg_gpu.sweeps.data import Dataset
 
@@ -71,11 +72,6 @@ def _train_in_worker(cfg: SweepConfig, batch: list, out: str, device: str) -> li
 
     assert _DATASET is not None, "worker not initialised"
     return train_batch(cfg, _DATASET, batch, Path(out), torch.device(device), progress=False)
-
-
-def _cause(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1] if lines else 'the worker process ended'}"
 
 
 def train_in_processes(
@@ -129,7 +125,7 @@ def train_in_processes(
                     error = fut.exception()
                     if error is not None:
                         for name, _ in batch:
-                            failures[name] = _cause(error)
+                            failures[name] = cause(error)
                     if bar is not None:
                         bar.update(len(batch))
         except BaseException:  # Ctrl-C or an error here: nothing new starts

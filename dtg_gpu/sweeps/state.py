@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dtg_gpu.core.failures import failure_list
 from dtg_gpu.core.files import atomic_write
 from dtg_gpu.exceptions import CheckpointError, DTGWarning, SweepFailedError
 from dtg_gpu.io.manifest import read_manifest, run_state
@@ -96,9 +97,8 @@ def raise_failures(out: Path, failures: dict[str, str]) -> None:
     (run name → why), if any: what a sweep on Ray or on worker processes does after every
     other batch has finished."""
     if failures:
-        lines = "; ".join(f"{n}: {why}" for n, why in list(failures.items())[:8])
         raise SweepFailedError(
-            f"{len(failures)} run(s) of {out} could not be trained ({lines}); every other "
+            f"{len(failures)} run(s) of {out} could not be trained ({failure_list(failures)}); every other "
             "run is complete; rerun the same command to retry them",
             failures,
         )
