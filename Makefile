@@ -4,6 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dtg-installed
 export OMP_WAIT_POLICY ?= PASSIVE
+# the tests run in one worker per core (at most 4), each test module on one worker so that
+# its fixtures are built once; PYTEST_XDIST="-n 0" runs them in this process
+PYTEST_XDIST ?= -n auto --maxprocesses=4 --dist loadscope
 
 .PHONY: install demo test docs fuzz bench clean
 
@@ -25,7 +28,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check dtg_gpu benchmarks tests
 	$(VENV)/bin/ruff format --check dtg_gpu benchmarks tests
 	$(PY) -m mypy
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q -d site
 
 docs: $(STAMP)

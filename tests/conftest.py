@@ -12,10 +12,16 @@ import torch
 from torch import nn
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Ray starts its workers at niceness 15: beside another pytest worker (or a training job) on
+# the same cores they would wait for it, and a 40 s Tune example takes minutes
+os.environ.setdefault("RAY_worker_niceness", "0")
 if "DTG_GPU_NATIVE_CACHE" not in os.environ:  # the compiled norm kernel, built once per test session
     os.environ["DTG_GPU_NATIVE_CACHE"] = tempfile.mkdtemp(prefix="dtg_gpu_native_tests_")
     atexit.register(shutil.rmtree, os.environ["DTG_GPU_NATIVE_CACHE"], True)
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Two threads at most; under pytest-xdist (`make test` runs `-n auto`) the cores are split
+# between the workers, so that two workers on 2 cores do not fight over them.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // max(1, _workers))))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

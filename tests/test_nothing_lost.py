@@ -295,6 +295,10 @@ def test_watch_refuses_a_predictor_of_another_architecture(small_sweep, tmp_path
         SweepConfig(model="vgg11", lrs=(0.05, 0.01), dropouts=(0.0,), epochs=2, model_kwargs={"width": 1 / 16}),
         tmp_path / "vgg",
     )
+    # two epochs of a tiny VGG may leave both runs at chance (thread count decides): give the
+    # predictor two labels to learn, whatever the training did
+    meta = json.loads((vgg / "run-0000" / "run.json").read_text())
+    (vgg / "run-0000" / "run.json").write_text(json.dumps({**meta, "final_accuracy": 0.9}))
     pred = tmp_path / "vgg.safetensors"
     assert main(["train", str(vgg), "-k", "1", "--out", str(pred), "--epochs", "5"]) == 0
     live = _live(small_sweep, tmp_path)
