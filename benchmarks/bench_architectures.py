@@ -29,6 +29,7 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dtg_gpu  # noqa: E402
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.testing.reference import reference_adjacency  # noqa: E402
 
 EXTRA = {
@@ -149,8 +150,8 @@ def main(argv=None) -> None:
             f"| {r['model']} | {r['nodes']:,} | {r['edges']:,} | {r['graphed']}/{r['weight_matrices']} | "
             f"{sec} | {conv} | {diff} | {note} |"
         )
-    (out / "architectures_cpu.md").write_text("\n".join(lines) + "\n")
-    (out / "architectures_cpu.json").write_text(json.dumps(rows, indent=2))
+    atomic_write(out / "architectures_cpu.md", "\n".join(lines) + "\n")
+    atomic_write(out / "architectures_cpu.json", json.dumps(rows, indent=2))
     print(f"wrote {out / 'architectures_cpu.md'}")
 
 

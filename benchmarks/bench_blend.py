@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_suite import lr_q, sweep_features  # noqa: E402
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.predictor import label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import summarize  # noqa: E402
 from dtg_gpu.predictor.labels import split_runs  # noqa: E402
@@ -185,8 +186,8 @@ def main(argv=None) -> None:
     command = " ".join(["python benchmarks/bench_blend.py", *(argv if argv is not None else sys.argv[1:])])
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "prediction_blend.json").write_text(json.dumps(doc, indent=1))
-    (out / "prediction_blend.md").write_text(markdown(doc, command))
+    atomic_write(out / "prediction_blend.json", json.dumps(doc, indent=1))
+    atomic_write(out / "prediction_blend.md", markdown(doc, command))
     print(f"-> {out / 'prediction_blend.md'}")
 
 

@@ -40,6 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
+
 DEFAULT_SWEEPS = ["/tmp/sweeps/lenet5", "/tmp/sweeps/vgg11n", "cifar-vgg11"]
 
 
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
     }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "distributed_cpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    atomic_write(out / "distributed_cpu.json", json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [
         f"# Ray against local featurisation ({meta['date']}, {meta['machine']}, torch {meta['torch']})",
         "",
@@ -293,7 +295,7 @@ def main(argv=None) -> int:
             lines.append(
                 f"| {row['nodes']} | {row['cpu_compute_runs_s']:.1f} | {row['node_read_runs_s']:.1f} | {cells} |"
             )
-    (out / "distributed_cpu.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "distributed_cpu.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dtg_gpu.core.files import atomic_write
 from dtg_gpu.predictor import PerformancePredictor, label_runs
 from dtg_gpu.predictor.evaluation import evaluate
 from dtg_gpu.sweeps import PRESETS, SweepConfig, load_sweep, run_sweep
@@ -219,8 +220,8 @@ def run(a) -> None:
         results["cross_sweep"] = cross_sweep(sfs, [max(1, T // 4), T], th, repeats=a.cross_repeats)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "prediction_families.json").write_text(json.dumps(results, indent=2))
-    (out / "prediction_families.md").write_text(markdown(results))
+    atomic_write(out / "prediction_families.json", json.dumps(results, indent=2))
+    atomic_write(out / "prediction_families.md", markdown(results))
     print(markdown(results))
 
 
@@ -259,7 +260,7 @@ def smooth_label(a) -> None:
             f"{au['mean']:.3f} [{au['ci_low']:.2f}, {au['ci_high']:.2f}] |"
         )
     out = Path(a.out)
-    (out / "prediction_families_smooth_label.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "prediction_families_smooth_label.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

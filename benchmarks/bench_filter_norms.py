@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.graph import row_norms  # noqa: E402
 from dtg_gpu.graph.native import native_status  # noqa: E402
 
@@ -158,8 +159,8 @@ def main(argv=None) -> None:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = {"row_norms": status, "norms": rows, "row_lengths": lengths, "products": products, "analyze": ends}
-    (out_dir / "filter_norms_cpu.json").write_text(json.dumps(saved, indent=2))
-    (out_dir / "filter_norms_cpu.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out_dir / "filter_norms_cpu.json", json.dumps(saved, indent=2))
+    atomic_write(out_dir / "filter_norms_cpu.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

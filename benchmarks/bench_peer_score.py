@@ -26,6 +26,7 @@ import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
+from dtg_gpu.core.files import atomic_write
 from dtg_gpu.early_stopping import peer_score
 from dtg_gpu.sweeps.config import SUITE
 
@@ -123,8 +124,8 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "peer_score_loso.md").write_text(text)
-    (RESULTS / "peer_score_loso.json").write_text(json.dumps(table, indent=2))
+    atomic_write(RESULTS / "peer_score_loso.md", text)
+    atomic_write(RESULTS / "peer_score_loso.json", json.dumps(table, indent=2))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
+
 
 # --------------------------------------------------------------------------- worker side
 def _synthetic(model, runs: int, t: int):
@@ -286,7 +288,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"pipeline_{a.device}" + ("_quick" if a.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(res, indent=2))
+    atomic_write(out / f"{stem}.json", json.dumps(res, indent=2))
     lines = [
         "| workload | runs | T | graphs | cold read s | cold featurise s | cold ratio | warm read s | "
         "warm featurise s | warm ratio | peak RSS MB (read / featurise) |",
@@ -304,7 +306,7 @@ def main(argv=None):
         f"{e['peak_rss_mb']} |"
         for e in edges
     ]
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(res, out / f"{stem}_scaling.png")
 

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dtg_gpu import SolverOptions  # noqa: E402
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.predictor import PerformancePredictor, label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
@@ -257,8 +258,8 @@ def focus(a) -> None:
         lines.append("")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "prediction_focus.json").write_text(json.dumps(results, indent=2))
-    (out / "prediction_focus.md").write_text("\n".join(lines))
+    atomic_write(out / "prediction_focus.json", json.dumps(results, indent=2))
+    atomic_write(out / "prediction_focus.md", "\n".join(lines))
     print("\n".join(lines))
 
 
@@ -359,7 +360,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "prediction" + ("_quick" if a.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    atomic_write(out / f"{stem}.json", json.dumps(results, indent=2))
     plot(results, out / f"{stem}_vs_k.png")
     lines = []
     for sw, e in results["sweeps"].items():
@@ -391,7 +392,7 @@ def main(argv=None):
                 f"| {au['mean']:.3f} [{au['ci_low']:.2f}, {au['ci_high']:.2f}] |"
             )
         lines.append("")
-    (out / f"{stem}.md").write_text("cells: precision / AUC, mean over stratified 90/10 splits\n\n" + "\n".join(lines))
+    atomic_write(out / f"{stem}.md", "cells: precision / AUC, mean over stratified 90/10 splits\n\n" + "\n".join(lines))
     print(f"wrote {out / stem}.json, .md, _vs_k.png")
 
 

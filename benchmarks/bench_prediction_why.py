@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_prediction import sweeps  # noqa: E402
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.features import temporal_features  # noqa: E402
 from dtg_gpu.features.baselines import tensor_statistics  # noqa: E402
 from dtg_gpu.features.statistics import timestep_statistics  # noqa: E402
@@ -386,8 +387,8 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = ("prediction_why" if a.part == "why" else "prediction_selection") + ("_quick" if a.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    (out / f"{stem}.md").write_text(markdown(results) if a.part == "why" else selection_markdown(results))
+    atomic_write(out / f"{stem}.json", json.dumps(results, indent=2))
+    atomic_write(out / f"{stem}.md", markdown(results) if a.part == "why" else selection_markdown(results))
     print(f"wrote {out / stem}.json and .md")
 
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_early_stopping as replaying  # noqa: E402
 import threadpoolctl  # noqa: E402
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.integrations.optuna import DTGPruner  # noqa: E402
 
 
@@ -69,7 +70,7 @@ def main() -> None:
     }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rule_threads.json").write_text(json.dumps(doc, indent=1))
+    atomic_write(out / "rule_threads.json", json.dumps(doc, indent=1))
     cmd = "python benchmarks/bench_rule_threads.py " + " ".join(sys.argv[1:])
     lines = [
         "# The pruner's online fits on one BLAS thread",
@@ -84,7 +85,7 @@ def main() -> None:
         lines.append(f"| {label} | {', '.join(f'{t:.1f}' for t in ts)} | {np.median(ts):.1f} |")
     ratio = np.median(times["every BLAS thread"]) / np.median(times["one BLAS thread (shipped)"])
     lines += ["", f"Ratio of the medians: {ratio:.1f}x."]
-    (out / "rule_threads.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "rule_threads.md", "\n".join(lines) + "\n")
     print(f"-> {out / 'rule_threads.md'} ({ratio:.1f}x)")
 
 

@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.predictor import label_runs  # noqa: E402
 from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
 from dtg_gpu.sweeps.config import PRESETS, SUITE  # noqa: E402
@@ -440,8 +441,8 @@ def main(argv=None) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M")
     if a.transfer:
         moved = transfer(feats)
-        (out / "transfer_suite.json").write_text(json.dumps({"date": stamp, **moved}, indent=1))
-        (out / "transfer_suite.md").write_text(transfer_markdown(moved, stamp, command))
+        atomic_write(out / "transfer_suite.json", json.dumps({"date": stamp, **moved}, indent=1))
+        atomic_write(out / "transfer_suite.md", transfer_markdown(moved, stamp, command))
         print(f"-> {out / 'transfer_suite.md'}")
         return
     cands = candidates()
@@ -457,7 +458,7 @@ def main(argv=None) -> None:
             key = f"{sweep}|{cname}"
             if key not in cached:
                 cached[key] = score(f, cname, spec, a.repeats)
-                cache_file.write_text(json.dumps(cached))
+                atomic_write(cache_file, json.dumps(cached))
             table[sweep][cname] = s = cached[key]
             print(
                 f"{sweep:26s} {cname:42s} {s['precision']['mean']:.3f} / {s['roc_auc']['mean']:.3f}  ({time.time() - t:.0f} s)",
@@ -467,8 +468,8 @@ def main(argv=None) -> None:
     doc = {"date": stamp, "repeats": a.repeats, "table": table, "leave_one_sweep_out": chosen}
     if a.only:
         doc["only"] = list(a.only)
-    (out / f"{a.stem}.json").write_text(json.dumps(doc, indent=1))
-    (out / f"{a.stem}.md").write_text(markdown(doc, feats, command))
+    atomic_write(out / f"{a.stem}.json", json.dumps(doc, indent=1))
+    atomic_write(out / f"{a.stem}.md", markdown(doc, feats, command))
     print(f"-> {out / f'{a.stem}.md'}")
 
 
