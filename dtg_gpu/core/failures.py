@@ -25,9 +25,9 @@ def failure_list(failures: dict[str, str], shown: int = 8) -> str:
 def cause(exc: BaseException) -> str:
     """Why a task failed, in one line: the exception's type and the last line of its message
     (of the error it wraps, for Ray's task errors)."""
-    cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"
+    err = getattr(exc, "cause", None) or exc
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1] if text else 'no message (the process may have ended)'}"
 
 
 def warn_failures(failures: dict[str, str], stacklevel: int = 2) -> None:
