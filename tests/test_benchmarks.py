@@ -107,3 +107,54 @@ def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
     assert "| MedianPruner | 0.60–0.80 | 50%–90% | 0.0010–0.0200 |" in lines
     assert "| DTGPruner+val_accuracy, value_median=None | 0.60–0.70 | 90%–100% | 0.0000–0.0010 |" in lines
     assert es.ranges({"sweeps": {"c": {"methods": partial}}}) == []
+
+
+def test_approximate_leave_one_out_matches_refitting_without_each_run():
+    """The pruner-variants benchmark's closed-form LOO (one Newton step) against real refits."""
+    import bench_pruner_variants as V
+    from sklearn.base import clone
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    for n, d in ((30, 60), (60, 8)):  # more features than runs (the pruner's case), and fewer
+        X = rng.normal(size=(n, d))
+        y = (X[:, 0] + rng.normal(size=n) > 0).astype(int)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=5000)).fit(X, y)
+        approx = V.loo_probabilities(clf, X, y, 1.0)
+        exact = np.array(
+            [clone(clf).fit(np.delete(X, i, 0), np.delete(y, i)).predict_proba(X[i : i + 1])[0, 1] for i in range(n)]
+        )
+        full = clf.predict_proba(X)[:, 1]
+        err = np.abs(approx - exact)
+        assert err.mean() < 0.03 and err.max() < 0.2, (n, d, err.mean(), err.max())
+        assert np.abs(approx - exact).mean() < 0.5 * np.abs(full - exact).mean()  # closer than the full fit
+
+
+def test_pruner_variants_table_marks_only_cells_that_meet_both_goals():
+    import bench_pruner_variants as V
+
+    row = {"regret_zero_share": 1.0}
+    rows = [
+        {"sweep": "a", "variant": "shipped", "saved_mean": 0.55} | row,
+        {"sweep": "b", "variant": "shipped", "saved_mean": 0.45} | row,
+        {"sweep": "a", "variant": "C=0.1", "saved_mean": 0.60, "regret_zero_share": 0.9},
+    ]
+    page = V.table(rows, 10, "2026-12-07")
+    assert "| shipped | **0.550 / 100%** | 0.450 / 100% | 1 of 2 |" in page
+    assert "| C=0.1 | 0.600 / 90% | – | 0 of 2 |" in page
+    assert "Met on 1 of 2 held-out sweeps" in page  # C=0.1 lacks sweep b: only shipped competes
+
+
+def test_pruner_variant_is_chosen_without_the_sweep_it_is_scored_on():
+    import bench_pruner_variants as V
+
+    def r(sweep, variant, s, keep):
+        return {"sweep": sweep, "variant": variant, "saved_mean": s, "regret_zero_share": keep}
+
+    rows = [r("a", "shipped", 0.6, 1.0), r("b", "shipped", 0.4, 1.0), r("c", "shipped", 0.6, 0.5)]
+    rows += [r("a", "gate", 0.6, 1.0), r("b", "gate", 0.6, 1.0), r("c", "gate", 0.4, 1.0)]
+    # shipped meets a; gate meets a and b. Held out a: 0 vs 1 -> gate; b: 1 vs 1 -> shipped (tie);
+    # c: 1 vs 2 -> gate
+    assert V.leave_one_sweep_out(rows) == {"a": "gate", "b": "shipped", "c": "gate"}
