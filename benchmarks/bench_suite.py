@@ -3,11 +3,13 @@
 For each trained sweep (``dtg sweep --preset NAME --out ROOT/NAME``): featurise once (raw
 statistics of every checkpoint, per layer, log lambda_1, with and without batch norm folded;
 weight statistics and covariates at k), then score every candidate predictor at k = 25 % of
-the checkpoints (label: the sweep median) over ``--repeats`` stratified 90/10 splits shared
+the checkpoints (``--fraction``; 1 for every checkpoint; label: the sweep median) over ``--repeats`` stratified 90/10 splits shared
 by all rows. The default is chosen *leave one sweep out*: for each sweep, the candidate with
 the best mean rank (precision and AUC) on the *other* sweeps, scored on the held-out one.
 
 Usage: python benchmarks/bench_suite.py --root ROOT [--repeats 100] [--out benchmarks/results]
+       python benchmarks/bench_suite.py --root ROOT --fraction 1 --stem prediction_suite_full
+           (k = every checkpoint: where the seed's method wins on LeNet-5)
        python benchmarks/bench_prediction.py --suite --root ROOT   (the same)
        python benchmarks/bench_suite.py --root ROOT --transfer   (only the transfer table:
            leave one architecture family out, results/transfer_suite.md)
@@ -34,8 +36,8 @@ from dtg_gpu.predictor.evaluation import evaluate  # noqa: E402
 from dtg_gpu.sweeps.config import PRESETS, SUITE  # noqa: E402
 
 
-def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
-    """Every matrix the candidates need at k = 25 % of T (cached as .npz)."""
+def sweep_features(folder: Path, cache: Path, fraction: float = 0.25) -> dict[str, np.ndarray]:
+    """Every matrix the candidates need at k = `fraction` of T (cached as .npz)."""
     if cache.is_file():
         return dict(np.load(cache, allow_pickle=False))
     from dtg_gpu.features.baselines import weight_statistics
@@ -52,7 +54,7 @@ def sweep_features(folder: Path, cache: Path) -> dict[str, np.ndarray]:
         sf = featurize_sweep(runs)
         sff = featurize_sweep(runs, fold_batchnorm=True)
     T = min(len(r) for r in runs)
-    k = max(1, round(T / 4))
+    k = max(1, round(T * fraction))
     ok = sf.usable & sff.usable
     out = {
         "k": np.array(k),
@@ -106,6 +108,7 @@ def candidates():
         "avg LR(q): folded | ws": (["layer_lam_folded", "ws"], "avg"),
         "avg LR(q): folded | ws | spec": (["layer_lam_folded", "ws", "spec"], "avg"),
         "avg LR(q): folded | unfolded | ws": (["layer_lam_folded", "layer_lam", "ws"], "avg"),
+        "avg: folded LR(q) | ws LR(q) | spec MLP": (["layer_lam_folded", "ws", "spec"], "mixed"),
         "covariates (hyper-parameter oracle), MLP(q)": (
             ["cov"],
             lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
@@ -144,6 +147,25 @@ class Averaged:
         return self.classes_[self.predict_proba(X).argmax(1)]
 
 
+class Mixed(Averaged):
+    """One model per block, probabilities averaged: `kinds[i]` is "lr" (LR(q)) or "mlp" (the
+    seed's MLP, standard scaling), e.g. the default's two heads and the seed's model beside them."""
+
+    def __init__(self, widths=(), kinds=(), C=0.1):
+        self.widths, self.kinds, self.C = tuple(widths), tuple(kinds), C
+
+    def get_params(self, deep=True):
+        return {"widths": self.widths, "kinds": self.kinds, "C": self.C}
+
+    def fit(self, X, y):
+        from dtg_gpu.predictor import PerformancePredictor
+
+        self.classes_ = np.unique(y)
+        make = {"lr": lambda: lr_q(self.C), "mlp": lambda: PerformancePredictor.spec(random_state=0)}
+        self.models_ = [make[k]().fit(B, y) for k, B in zip(self.kinds, self._blocks(X))]
+        return self
+
+
 def matrix(f: dict, blocks: list[str]) -> np.ndarray:
     parts = []
     for b in blocks:
@@ -159,10 +181,12 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     X = matrix(f, blocks)[keep]
     X = np.where(np.isfinite(X), X, np.nan)
     good = np.isfinite(X).all(1)  # diverged runs: insufficient by rule, as the predictor does
-    if make in ("avg", "library"):
+    if make in ("avg", "library", "mixed"):
         widths = tuple(matrix(f, [b]).shape[1] for b in blocks)
         if make == "avg":
             clf = Averaged(widths)
+        elif make == "mixed":
+            clf = Mixed(widths, ("lr",) * (len(blocks) - 1) + ("mlp",))
         else:  # what featurize's default and PerformancePredictor() do: one head per feature set
             from dtg_gpu.predictor import PerformancePredictor
 
@@ -185,14 +209,15 @@ SINGLE_ROWS = (
     "weight stats, LR(q)",
 )
 ORACLE = "covariates (hyper-parameter oracle), MLP(q)"
+SEED = "spec (seed: dtg, MLP)"
 
 
 def goals(table: dict) -> list[str]:
     """Issue #33's first two goals, per sweep: the default at or above the lower 95 % bound of
     the best single data-free row (precision, AUC), and >= 0.90 / 0.90 where the
     hyper-parameter oracle reaches 0.90 / 0.90."""
-    if any(DEFAULT not in row or ORACLE not in row for row in table.values()):
-        return []
+    if any(c not in row for row in table.values() for c in (DEFAULT, ORACLE, *SINGLE_ROWS)):
+        return []  # the goals compare against every single row and the oracle
     out = [
         "",
         "## Goals",
@@ -218,6 +243,27 @@ def goals(table: dict) -> list[str]:
     return out
 
 
+def versus_seed(table: dict) -> list[str]:
+    """The third goal, per sweep: nothing lost against the seed's method (the default's mean
+    at or above the lower 95 % bound of the `spec` row, precision and AUC)."""
+    if any(DEFAULT not in row or SEED not in row for row in table.values()):
+        return []
+    out = ["", "## The default against the seed's method", ""]
+    out += ["| sweep | precision: default vs seed [its interval] | AUC: the same |", "|---|---|---|"]
+    for s, row in table.items():
+        cells = []
+        for m in ("precision", "roc_auc"):
+            d, r = row[DEFAULT][m], row[SEED][m]
+            verdict = "lost" if d["mean"] < r["ci_low"] else ("won" if d["ci_low"] > r["mean"] else "held")
+            cells.append(f"{d['mean']:.3f} vs {r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]: {verdict}")
+        out.append(f"| {s} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "lost: the default's mean is below the seed's lower bound; won: the default's lower bound is above the seed's mean.",
+    ]
+    return out
+
+
 def markdown(doc: dict, feats: dict, command: str) -> str:
     """The results page: one table (candidates x sweeps), the leave-one-sweep-out choice, a
     link to the transfer table."""
@@ -229,14 +275,14 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
         "",
         *(
             [
-                f"Only the rows whose name contains one of {', '.join(repr(o) for o in doc['only'])} (`--only`): the goals need every row.",
+                f"Only the rows whose name contains one of {', '.join(repr(o) for o in doc['only'])} (`--only`); the goals are shown only with the default, every single row and the oracle among them.",
                 "",
             ]
             if doc.get("only")
             else []
         ),
         f"`{command}` ({doc['date']}, {doc['repeats']} stratified 90/10 splits per cell, shared by every row;"
-        " label: final accuracy >= the sweep median; k = 25 % of the checkpoints). Each cell: precision / ROC AUC"
+        f" label: final accuracy >= the sweep median; k = {round(100 * doc.get('fraction', 0.25))} % of the checkpoints). Each cell: precision / ROC AUC"
         " of the sufficient class, mean over the splits, and the 95 % interval of each.",
         "",
         "| candidate | " + " | ".join(f"{s} (k={int(feats[s]['k'])}/{int(feats[s]['T'])})" for s in sweeps) + " |",
@@ -250,7 +296,8 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
                 f"{p['mean']:.2f} / {a['mean']:.2f} <small>[{p['ci_low']:.2f}, {p['ci_high']:.2f}] / [{a['ci_low']:.2f}, {a['ci_high']:.2f}]</small>"
             )
         lines.append(f"| {c.replace('|', '/')} | " + " | ".join(cells) + " |")
-    lines += goals(table)
+    lines += goals(table) if doc.get("fraction", 0.25) == 0.25 else []
+    lines += versus_seed(table)
     if doc.get("leave_one_sweep_out"):
         lines += [
             "",
@@ -420,15 +467,21 @@ def main(argv=None) -> None:
     p.add_argument("--only", nargs="*", default=None, help="candidates whose name contains one of these")
     p.add_argument("--stem", default="prediction_suite", help="name of the results page (without .md / .json)")
     p.add_argument("--transfer", action="store_true", help="only the transfer table (transfer_suite.md)")
+    p.add_argument(
+        "--fraction", type=float, default=0.25, help="k as a share of the checkpoints (default 0.25; 1: every one)"
+    )
     a = p.parse_args(argv)
     root = Path(a.root)
+    if not 0 < a.fraction <= 1:
+        p.error(f"--fraction must be in (0, 1], got {a.fraction}")
+    tag = "" if a.fraction == 0.25 else f"-f{a.fraction:g}"  # caches of other fractions beside the default's
     feats = {}
     for name in SUITE:
         folder = root / name
         if (folder / "sweep.json").is_file():
             t = time.time()
             try:
-                feats[name] = sweep_features(folder, root / f"{name}.features.npz")
+                feats[name] = sweep_features(folder, root / f"{name}.features{tag}.npz", a.fraction)
             except Exception as exc:  # an unfinished sweep: named, left out
                 print(f"{name}: left out ({exc})")
                 continue
@@ -448,7 +501,7 @@ def main(argv=None) -> None:
     cands = candidates()
     if a.only:
         cands = {n: c for n, c in cands.items() if any(o in n for o in a.only)}
-    cache_file = root / f"scores-r{a.repeats}.json"  # (sweep, candidate) cells already scored
+    cache_file = root / f"scores-r{a.repeats}{tag}.json"  # (sweep, candidate) cells already scored
     cached = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
     table: dict[str, dict[str, dict]] = {}
     for sweep, f in feats.items():
@@ -465,7 +518,7 @@ def main(argv=None) -> None:
                 flush=True,
             )
     chosen = leave_one_sweep_out(table)
-    doc = {"date": stamp, "repeats": a.repeats, "table": table, "leave_one_sweep_out": chosen}
+    doc = {"date": stamp, "repeats": a.repeats, "fraction": a.fraction, "table": table, "leave_one_sweep_out": chosen}
     if a.only:
         doc["only"] = list(a.only)
     atomic_write(out / f"{a.stem}.json", json.dumps(doc, indent=1))

@@ -90,6 +90,48 @@ def test_a_page_of_some_rows_says_so_and_claims_no_goal():
     assert "## Goals" not in page  # the goals compare against every single row and the oracle
     full = bench_suite.markdown({**doc, "only": None}, feats, "python benchmarks/bench_suite.py")
     assert "Only the rows" not in full
+    # with the default, every single row and the oracle among them, the goals are claimed
+    every = {c: cell for c in (bench_suite.DEFAULT, bench_suite.ORACLE, *bench_suite.SINGLE_ROWS)}
+    page = bench_suite.markdown({**doc, "table": {"lenet5-digits": every}}, feats, "python benchmarks/bench_suite.py")
+    assert "## Goals" in page and "| lenet5-digits | 0.800 vs" in page
+    del every[bench_suite.SINGLE_ROWS[-1]]
+    assert bench_suite.goals({"lenet5-digits": every}) == []
+
+
+def test_the_default_against_the_seed_is_lost_held_or_won_by_the_seeds_interval():
+    def cell(mean, lo, hi):
+        return {m: {"mean": mean, "ci_low": lo, "ci_high": hi} for m in ("precision", "roc_auc")}
+
+    table = {
+        "lenet5-digits": {bench_suite.DEFAULT: cell(0.90, 0.88, 0.92), bench_suite.SEED: cell(0.97, 0.96, 0.99)},
+        "vgg11-digits": {bench_suite.DEFAULT: cell(0.90, 0.88, 0.92), bench_suite.SEED: cell(0.82, 0.79, 0.85)},
+        "resnet20-digits": {bench_suite.DEFAULT: cell(0.80, 0.77, 0.83), bench_suite.SEED: cell(0.79, 0.76, 0.82)},
+    }
+    rows = {line.split(" | ")[0].strip("| "): line for line in bench_suite.versus_seed(table) if line.startswith("| ")}
+    assert rows["lenet5-digits"].count(": lost") == 2
+    assert rows["vgg11-digits"].count(": won") == 2
+    assert rows["resnet20-digits"].count(": held") == 2
+    # at k = T the page shows this comparison and not the goals (defined at k = 25 %)
+    doc = {"date": "2026-12-07", "repeats": 2, "fraction": 1.0, "table": table, "leave_one_sweep_out": {}}
+    feats = {s: {"k": np.array(20), "T": np.array(20)} for s in table}
+    page = bench_suite.markdown(doc, feats, "python benchmarks/bench_suite.py --fraction 1")
+    assert "k = 100 % of the checkpoints" in page and "## The default against the seed's method" in page
+    assert "## Goals" not in page
+    assert bench_suite.versus_seed({"lenet5-digits": {bench_suite.DEFAULT: cell(0.9, 0.8, 1.0)}}) == []
+
+
+def test_mixed_heads_average_one_model_per_block():
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=80, n_features=6, random_state=0)
+    mixed = bench_suite.Mixed((4, 2), ("lr", "mlp")).fit(X, y)
+    p = mixed.predict_proba(X)
+    lr = bench_suite.lr_q().fit(X[:, :4], y).predict_proba(X[:, :4])
+    from dtg_gpu.predictor import PerformancePredictor
+
+    mlp = PerformancePredictor.spec(random_state=0).fit(X[:, 4:], y).predict_proba(X[:, 4:])
+    np.testing.assert_allclose(p, (lr + mlp) / 2, atol=1e-9)
+    assert mixed.get_params() == {"widths": (4, 2), "kinds": ("lr", "mlp"), "C": 0.1}
 
 
 def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
