@@ -264,6 +264,42 @@ def versus_seed(table: dict) -> list[str]:
     return out
 
 
+def goal_cells(row: dict, cand: str) -> list[bool | None]:
+    """The three goal cells of one sweep for `cand` as if it were the default: precision and AUC
+    at or above the best single row's lower bound, and >= 0.90 / 0.90 where the oracle reaches
+    it (`None`: the oracle does not)."""
+    cells: list[bool | None] = []
+    for m in ("precision", "roc_auc"):
+        best = max((c for c in SINGLE_ROWS if c in row), key=lambda c: row[c][m]["mean"])
+        cells.append(row[cand][m]["mean"] >= row[best][m]["ci_low"])
+    o = row[ORACLE]
+    if o["precision"]["mean"] >= 0.9 and o["roc_auc"]["mean"] >= 0.9:
+        cells.append(row[cand]["precision"]["mean"] >= 0.9 and row[cand]["roc_auc"]["mean"] >= 0.9)
+    else:
+        cells.append(None)
+    return cells
+
+
+def goals_by_candidate(table: dict) -> list[str]:
+    """How many goal cells each data-free candidate would meet as the default, sweep by sweep
+    (the row under `## Goals` is the default's)."""
+    if any(c not in row for row in table.values() for c in (DEFAULT, ORACLE, *SINGLE_ROWS)):
+        return []
+    cands = [c for c in next(iter(table.values())) if c != ORACLE and "learning curve" not in c]
+    out = ["", "## The goals for each candidate as the default", ""]
+    out += ["Goal cells met of those that apply (precision, AUC, the oracle's 0.90 / 0.90), per sweep and in all:", ""]
+    out += ["| candidate | " + " | ".join(table) + " | in all |", "|---|" + "---|" * (len(table) + 1)]
+    for c in cands:
+        met = total = 0
+        cells = []
+        for row in table.values():
+            g = [x for x in goal_cells(row, c) if x is not None]
+            met, total = met + sum(g), total + len(g)
+            cells.append(f"{sum(g)}/{len(g)}")
+        out.append(f"| {c.replace('|', '/')} | " + " | ".join(cells) + f" | {met}/{total} |")
+    return out
+
+
 def markdown(doc: dict, feats: dict, command: str) -> str:
     """The results page: one table (candidates x sweeps), the leave-one-sweep-out choice, a
     link to the transfer table."""
@@ -296,7 +332,7 @@ def markdown(doc: dict, feats: dict, command: str) -> str:
                 f"{p['mean']:.2f} / {a['mean']:.2f} <small>[{p['ci_low']:.2f}, {p['ci_high']:.2f}] / [{a['ci_low']:.2f}, {a['ci_high']:.2f}]</small>"
             )
         lines.append(f"| {c.replace('|', '/')} | " + " | ".join(cells) + " |")
-    lines += goals(table) if doc.get("fraction", 0.25) == 0.25 else []
+    lines += (goals(table) + goals_by_candidate(table)) if doc.get("fraction", 0.25) == 0.25 else []
     lines += versus_seed(table)
     if doc.get("leave_one_sweep_out"):
         lines += [

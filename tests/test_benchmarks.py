@@ -94,6 +94,13 @@ def test_a_page_of_some_rows_says_so_and_claims_no_goal():
     every = {c: cell for c in (bench_suite.DEFAULT, bench_suite.ORACLE, *bench_suite.SINGLE_ROWS)}
     page = bench_suite.markdown({**doc, "table": {"lenet5-digits": every}}, feats, "python benchmarks/bench_suite.py")
     assert "## Goals" in page and "| lenet5-digits | 0.800 vs" in page
+    assert "## The goals for each candidate as the default" in page
+    # the oracle (0.8 / 0.8) does not reach 0.90: two cells apply; each row ties the best one
+    assert f"| {bench_suite.DEFAULT} | 2/2 | 2/2 |" in page
+    worse = {**every, bench_suite.DEFAULT: {m: {"mean": 0.69, "ci_low": 0.6, "ci_high": 0.7} for m in cell}}
+    assert bench_suite.goal_cells(worse, bench_suite.DEFAULT) == [False, False, None]
+    oracle = {m: {"mean": 0.95, "ci_low": 0.9, "ci_high": 0.99} for m in cell}
+    assert bench_suite.goal_cells({**every, bench_suite.ORACLE: oracle}, bench_suite.DEFAULT) == [True, True, False]
     del every[bench_suite.SINGLE_ROWS[-1]]
     assert bench_suite.goals({"lenet5-digits": every}) == []
 
