@@ -39,7 +39,7 @@ from dtg_gpu.sweeps.config import PRESETS, SUITE  # noqa: E402
 def sweep_features(folder: Path, cache: Path, fraction: float = 0.25) -> dict[str, np.ndarray]:
     """Every matrix the candidates need at k = `fraction` of T (cached as .npz)."""
     if cache.is_file():
-        return dict(np.load(cache, allow_pickle=False))
+        return with_spec_folded(dict(np.load(cache, allow_pickle=False)))
     from dtg_gpu.features.baselines import weight_statistics
     from dtg_gpu.features.covariates import covariate_matrix
     from dtg_gpu.sweeps import load_sweep
@@ -72,7 +72,15 @@ def sweep_features(folder: Path, cache: Path, fraction: float = 0.25) -> dict[st
     val = [[c.get("val_accuracy") for c in r.meta["checkpoints"][:k]] for r in runs]
     out["curve"] = np.asarray(val, dtype=float)
     np.savez(cache, **out)
-    return out
+    return with_spec_folded(out)
+
+
+def with_spec_folded(f: dict) -> dict:
+    """`spec_folded`: the seed's five statistics of the folded graph (what `spec_block=True`
+    appends), the first five columns of each timestep of `layer_lam_folded`."""
+    n, k = len(f["acc"]), int(f["k"])
+    f["spec_folded"] = f["layer_lam_folded"].reshape(n, k, -1)[:, :, :5].reshape(n, 5 * k)
+    return f
 
 
 def lr_q(C: float = 0.1):
@@ -109,6 +117,7 @@ def candidates():
         "avg LR(q): folded | ws | spec": (["layer_lam_folded", "ws", "spec"], "avg"),
         "avg LR(q): folded | unfolded | ws": (["layer_lam_folded", "layer_lam", "ws"], "avg"),
         "avg: folded LR(q) | ws LR(q) | spec MLP": (["layer_lam_folded", "ws", "spec"], "mixed"),
+        SPEC_BLOCK: (["layer_lam_folded", "ws", "spec_folded"], "library+mlp"),
         "covariates (hyper-parameter oracle), MLP(q)": (
             ["cov"],
             lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
@@ -181,7 +190,7 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     X = matrix(f, blocks)[keep]
     X = np.where(np.isfinite(X), X, np.nan)
     good = np.isfinite(X).all(1)  # diverged runs: insufficient by rule, as the predictor does
-    if make in ("avg", "library", "mixed"):
+    if make in ("avg", "library", "mixed", "library+mlp"):
         widths = tuple(matrix(f, [b]).shape[1] for b in blocks)
         if make == "avg":
             clf = Averaged(widths)
@@ -190,7 +199,8 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
         else:  # what featurize's default and PerformancePredictor() do: one head per feature set
             from dtg_gpu.predictor import PerformancePredictor
 
-            clf = PerformancePredictor(random_state=0, blocks=widths)
+            models = ("linear",) * (len(blocks) - 1) + ("mlp",) if make == "library+mlp" else "auto"
+            clf = PerformancePredictor(random_state=0, blocks=widths, block_models=models)
     else:
         clf = make()
     X = np.where(good[:, None], X, 0.0) if not hasattr(clf, "scaling") else X
@@ -201,6 +211,8 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
 
 
 DEFAULT = "library default (featurize + PerformancePredictor)"
+#: the library's option: featurize(features=feature_recipe("default", spec_block=True)) + PerformancePredictor()
+SPEC_BLOCK = "library, spec_block=True (+ the seed's MLP on the folded SPEC block)"
 SINGLE_ROWS = (
     "spec (seed: dtg, MLP)",
     "dtg per layer+lam folded, quantile MLP (options)",
@@ -547,6 +559,8 @@ def main(argv=None) -> None:
             key = f"{sweep}|{cname}"
             if key not in cached:
                 cached[key] = score(f, cname, spec, a.repeats)
+                if cache_file.is_file():  # cells another run (another candidate) wrote meanwhile are kept
+                    cached = {**json.loads(cache_file.read_text()), **cached}
                 atomic_write(cache_file, json.dumps(cached))
             table[sweep][cname] = s = cached[key]
             print(

@@ -253,7 +253,9 @@ def featurize(
         `F + 1`: the unit-norm centrality is blind to the weights' scale), `fold_batchnorm`
         ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]) and `weight_stats`
         (mean, std and five quantiles of each weight layer at checkpoint `k`,
-        [`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]).
+        [`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]), `spec_block` (the
+        seed's `5·k` columns of the solved graph appended last as a block of their own, which
+        `PerformancePredictor()` gives the seed's MLP beside its logistic regressions).
     alpha, device
         As in [`analyze`][dtg_gpu.analyze].
     solver : SolverOptions, optional
@@ -319,12 +321,16 @@ class FeatureResult:
         Each run that could not be read or solved (its rows are NaN), with the reason.
     column_blocks : tuple of int
         Widths of the feature sets in `features`, in order.
+    column_block_models : tuple of str
+        The model [`PerformancePredictor`][dtg_gpu.PerformancePredictor] gives each set
+        (`"mlp"` for the seed's block of `spec_block=True`, else `"linear"`).
     """
 
     features: torch.Tensor
     statistics: torch.Tensor
     failures: dict[str, str]
     column_blocks: tuple[int, ...]
+    column_block_models: tuple[str, ...] = ()
 
 
 def statistics_frame(stats: torch.Tensor, smoothed: torch.Tensor, per_run: dict[str, list], **per_row: list):
@@ -419,10 +425,20 @@ def extract_features(
         cov[failed_rows] = float("nan")
         block_widths.append(cov.shape[1])
         feats = torch.cat([feats, cov.to(feats.dtype)], 1)
+    models = ["linear"] * len(block_widths)
+    if recipe.spec_block:  # the seed's 5·k columns (the whole graph's statistics lead each timestep)
+        spec = temporal_features(stats[..., : len(STATISTICS)], alpha).to(feats.dtype)
+        block_widths.append(spec.shape[1])
+        models.append("mlp")
+        feats = torch.cat([feats, spec], 1)
     # the feature sets, in order: PerformancePredictor(blocks="auto") gives each a model of its own
     blocks = tuple(w for w in block_widths if w)
+    block_models = tuple(m for m, w in zip(models, block_widths) if w)
     feats.column_blocks = blocks  # type: ignore[attr-defined]
-    return FeatureResult(features=feats, statistics=stats, failures=failures, column_blocks=blocks)
+    feats.column_block_models = block_models  # type: ignore[attr-defined]
+    return FeatureResult(
+        features=feats, statistics=stats, failures=failures, column_blocks=blocks, column_block_models=block_models
+    )
 
 
 def _timesteps(runs: list[Run], timesteps: int | None) -> int:

@@ -165,3 +165,151 @@ def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
     monkeypatch.setattr(PerformancePredictor, "fit", fit)
     evaluate(PerformancePredictor(), X, y, repeats=2)
     assert seen == [(4, 2), (4, 2)]
+
+
+# ---------------------------------------------------------------- the seed's block (spec_block)
+def test_spec_block_appends_the_seeds_columns_of_the_solved_graph_marked_for_the_mlp(bn_runs):
+    k = 2
+    recipe = feature_recipe("default", spec_block=True)
+    X = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", covariates=["lr"], features=recipe)
+    plain = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", covariates=["lr"])
+    # the seed's five statistics of the graph the recipe solves (batch norm folded here), smoothed
+    seed = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", features=feature_recipe("spec", fold_batchnorm=True))
+    torch.testing.assert_close(X, torch.cat([plain, seed], 1))
+    assert X.column_blocks == (*plain.column_blocks, 5 * k)
+    assert X.column_block_models == ("linear", "linear", "linear", "mlp")
+    assert plain.column_block_models == ("linear", "linear", "linear")
+
+
+def test_an_mlp_block_is_the_seeds_mlp_on_its_columns_averaged_with_the_linear_heads(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(90, 9))
+    y = (X[:, 0] + X[:, 7] > 0).astype(int)
+    clf = PerformancePredictor(random_state=4, blocks=(4, 2, 3), block_models=("linear", "mlp", "linear"))
+    clf.fit(X, y)
+    assert clf.block_models_ == ("linear", "mlp", "linear") and clf.network_.linear.weight.shape == (2, 9)
+    # the linear heads never read the MLP's block
+    w = (clf.network_.linear.weight * clf.network_.mask).detach()
+    assert w[:, 4:6].abs().sum() == 0 and w[0, 6:].abs().sum() == 0 and w[1, :6].abs().sum() == 0
+    # the MLP head is exactly the seed's predictor fitted on the block alone, with the same seed
+    ref = PerformancePredictor.spec(random_state=4).fit(X[:, 4:6], y)
+    p_mlp = ref.predict_proba(X[:, 4:6])[:, 1]
+    z = torch.as_tensor(clf._scale(X), dtype=torch.float32)
+    p_lin = torch.sigmoid(clf.network_(z)).detach().double().numpy()
+    np.testing.assert_allclose(clf.predict_proba(X)[:, 1], (p_lin.sum(1) + p_mlp) / 3, rtol=1e-6)
+    # a diverged row is insufficient by rule, whatever the heads say
+    Xn = X.copy()
+    Xn[0, 5] = np.nan
+    assert clf.predict_proba(Xn)[0].tolist() == [1.0, 0.0]
+    # saved (format /2) and read back as it was
+    clf.save(tmp_path / "m.safetensors")
+    back = PerformancePredictor.load(tmp_path / "m.safetensors")
+    assert back.block_models_ == clf.block_models_
+    np.testing.assert_allclose(back.predict_proba(X), clf.predict_proba(X))
+
+
+def test_block_models_are_validated():
+    X = np.random.default_rng(0).normal(size=(40, 5))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(ValueError, match="at least one 'linear'"):
+        PerformancePredictor(blocks=(2, 3), block_models=("mlp", "mlp")).fit(X, y)
+    with pytest.raises(ValueError, match="block_models must be 'auto' or a list"):
+        PerformancePredictor(blocks=(2, 3), block_models=("linear", "tree")).fit(X, y)
+    with pytest.raises(ValueError, match=r"for each of the 2 blocks"):
+        PerformancePredictor(blocks=(2, 3), block_models=("linear", "mlp", "linear")).fit(X, y)
+    # without blocks (a plain matrix) there is one model and block_models has nothing to name
+    assert PerformancePredictor(random_state=0).fit(X, y).block_models_ is None
+
+
+def _file_parts(path):
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["dtg_predictor"])
+    return load_file(str(path)), meta
+
+
+def _write(path, tensors, meta):
+    import json
+
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
+
+
+@pytest.mark.parametrize(
+    "tamper, field",
+    [
+        (lambda t, m: t.pop("head1.mean"), "mean"),
+        (lambda t, m: m["fitted"].update(block_models=["linear", "linear", "linear"]), "network.linear.weight"),
+        (lambda t, m: m["fitted"].update(block_models=["mlp", "mlp", "mlp"]), "block_models"),
+        (lambda t, m: m["fitted"]["block_mlps"][0].update(n_features_in=3), "block MLP 1"),
+        (lambda t, m: m["fitted"]["block_mlps"][0].update(format="dtg_gpu.PerformancePredictor/2"), "plain predictor"),
+        (lambda t, m: m.update(format="dtg_gpu.PerformancePredictor/1"), "format"),
+        (lambda t, m: t.update({"head0.mean": torch.zeros(4)}), "do not match"),
+    ],
+)
+def test_a_tampered_block_mlp_file_is_refused_naming_the_field(tmp_path, tamper, field):
+    from dtg_gpu.exceptions import CheckpointError
+
+    X = np.random.default_rng(2).normal(size=(60, 9))
+    y = (X[:, 0] > 0).astype(int)
+    clf = PerformancePredictor(random_state=0, blocks=(4, 2, 3), block_models=("linear", "mlp", "linear"), epochs=5)
+    clf.fit(X, y).save(tmp_path / "ok.safetensors")
+    tensors, meta = _file_parts(tmp_path / "ok.safetensors")
+    assert meta["format"] == "dtg_gpu.PerformancePredictor/2"
+    tamper(tensors, meta)
+    _write(tmp_path / "bad.safetensors", tensors, meta)
+    with pytest.raises(CheckpointError, match=f"bad.safetensors: not a valid dtg_gpu predictor file: .*{field}"):
+        PerformancePredictor.load(tmp_path / "bad.safetensors")
+
+
+def test_a_predictor_without_an_mlp_block_keeps_the_first_format(tmp_path):
+    X = np.random.default_rng(0).normal(size=(40, 5))
+    y = (X[:, 0] > 0).astype(int)
+    PerformancePredictor(random_state=0, blocks=(2, 3), epochs=5).fit(X, y).save(tmp_path / "p.safetensors")
+    assert _file_parts(tmp_path / "p.safetensors")[1]["format"] == "dtg_gpu.PerformancePredictor/1"
+
+
+def test_the_cli_trains_and_predicts_with_the_spec_block(bn_runs, tmp_path):
+    import pandas as pd
+
+    from dtg_gpu.cli.main import main
+
+    pred = tmp_path / "p.safetensors"
+    assert main(["train", str(bn_runs.path), "-k", "2", "--out", str(pred), "--spec-block", "--epochs", "20"]) == 0
+    clf = PerformancePredictor.load(pred)
+    assert clf.feature_settings["spec_block"] is True and clf.block_models_[-1] == "mlp"
+    X = dtg_gpu.featurize(bn_runs, 2, device="cpu", features=feature_recipe("default", spec_block=True))
+    np.testing.assert_allclose(
+        clf.predict_runs(bn_runs, device="cpu"), clf.predict_proba(X.double().numpy()), rtol=1e-5
+    )
+    out = tmp_path / "f.csv"
+    assert main(["featurize", str(bn_runs.path), "-k", "2", "--out", str(out), "--spec-block"]) == 0
+    df = pd.read_csv(out)
+    assert list(df.columns[-10:]) == [f"spec:{s}_t{t}" for t in (1, 2) for s in dtg_gpu.STATISTICS]
+    np.testing.assert_allclose(df.iloc[:, 2:].to_numpy(), X.double().numpy(), rtol=1e-6)
+
+
+def test_evaluate_passes_featurizes_block_models_to_the_predictor(monkeypatch):
+    from dtg_gpu.predictor.evaluation import evaluate
+
+    rng = np.random.default_rng(0)
+    X = torch.as_tensor(rng.normal(size=(40, 6)))
+    X.column_blocks, X.column_block_models = (4, 2), ("linear", "mlp")
+    y = (X[:, 0] > 0).long().numpy()
+    seen = []
+    real = PerformancePredictor.fit
+
+    def fit(self, X, y):
+        out = real(self, X, y)
+        seen.append(self.block_models_)
+        return out
+
+    monkeypatch.setattr(PerformancePredictor, "fit", fit)
+    evaluate(PerformancePredictor(epochs=5), X, y, repeats=2)
+    # each split's predictor, and inside it the block's own MLP (no blocks of its own)
+    assert seen == [None, ("linear", "mlp")] * 2

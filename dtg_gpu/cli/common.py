@@ -56,6 +56,14 @@ def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
         default=None,
         help="append the weight statistics of checkpoint k (default: on; off with --spec)",
     )
+    p.add_argument(
+        "--spec-block",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="option beyond the method: append the seed's five statistics per checkpoint as a block "
+        "of their own, which the predictor gives the seed's MLP beside its logistic regressions "
+        "(default: off)",
+    )
     _family_flags(p, tri_state=True)
 
 
@@ -148,7 +156,7 @@ def _sweep_features(a: argparse.Namespace, runs: Any) -> Any:
     first = runs[int(np.flatnonzero(usable)[0])]
     layout = StatisticsLayout.of(first.topology, per_layer=recipe.per_layer, eigenvalue=recipe.eigenvalue)
     ws = _weight_stat_names(first) if recipe.weight_stats else []
-    k = layout.timesteps(X.shape[1] - len(a.covariates) - len(ws))
+    k = layout.timesteps(res.column_blocks[0])  # the DTG block comes first
     return X, layout.names, k, usable, ws
 
 
@@ -162,6 +170,7 @@ def _recipe(a: argparse.Namespace) -> Any:
         eigenvalue=getattr(a, "eigenvalue", None),
         fold_batchnorm=getattr(a, "fold_batchnorm", None),
         weight_stats=getattr(a, "weight_stats", None),
+        spec_block=getattr(a, "spec_block", None),
     )
 
 

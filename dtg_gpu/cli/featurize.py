@@ -32,12 +32,15 @@ def _featurize_run(a: argparse.Namespace) -> int:
     import pandas as pd
 
     from dtg_gpu.core.files import atomic_write
+    from dtg_gpu.features.statistics import STATISTICS
 
     _writable(a.out)
 
     runs = _load_sweep(a)
     X, names, k, _, ws = _sweep_features(a, runs)
     cols = [f"{s}_t{t + 1}" for t in range(k) for s in names] + ws + list(a.covariates)
+    if getattr(X, "column_block_models", ())[-1:] == ("mlp",):  # --spec-block: the seed's columns, last
+        cols += [f"spec:{s}_t{t + 1}" for t in range(k) for s in STATISTICS]
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])

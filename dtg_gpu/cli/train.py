@@ -49,6 +49,7 @@ def _train_run(a: argparse.Namespace) -> int:
     label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
     X, names, k, usable, ws = _sweep_features(a, runs)
     blocks = getattr(X, "column_blocks", None)
+    models = getattr(X, "column_block_models", None)
     runs = [r for r, u in zip(runs, usable) if u]  # failed runs: named in a warning, left out
     X = X[torch_index(usable)]
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
@@ -56,6 +57,8 @@ def _train_run(a: argparse.Namespace) -> int:
     clf = _classifier(a)
     if clf.blocks == "auto":
         clf.set_params(blocks=blocks)
+        if models and clf.block_models == "auto":
+            clf.set_params(block_models=models)
     clf.set_params(
         random_state=a.seed,
         feature_settings={

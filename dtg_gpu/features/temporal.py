@@ -104,13 +104,17 @@ class FeatureRecipe:
 
     `per_layer`, `eigenvalue`, `fold_batchnorm`: the DTG options (see
     [`featurize`][dtg_gpu.featurize]); `weight_stats`: Unterthiner et al.'s weight statistics of
-    the `k`-th checkpoint appended ([`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]).
+    the `k`-th checkpoint appended ([`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]);
+    `spec_block`: the whole graph's five statistics of each timestep, smoothed (the seed's
+    `5·k` features, of the graph the recipe solves), appended last as a block of their own
+    that [`PerformancePredictor`][dtg_gpu.PerformancePredictor] gives the seed's MLP.
     """
 
     per_layer: bool
     eigenvalue: bool
     fold_batchnorm: bool
     weight_stats: bool
+    spec_block: bool = False
 
     def with_overrides(self, **flags: bool | None) -> "FeatureRecipe":
         """The recipe with each flag that is not `None` set to the value given."""

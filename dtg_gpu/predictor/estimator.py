@@ -37,7 +37,10 @@ __all__ = ["PerformancePredictor", "FEATURE_FLAGS"]
 
 
 #: the recipe's flags a saved predictor records in its feature_settings
-FEATURE_FLAGS = ("per_layer", "eigenvalue", "fold_batchnorm", "weight_stats")
+FEATURE_FLAGS = ("per_layer", "eigenvalue", "fold_batchnorm", "weight_stats", "spec_block")
+
+#: the models a block can have (`block_models`)
+BLOCK_MODELS = ("linear", "mlp")
 
 
 class PerformancePredictor(ClassifierMixin, BaseEstimator):
@@ -103,6 +106,15 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         (`X.column_blocks`: the DTG columns, the weight statistics, the covariates), and
         none for any other `X`. Only with `hidden_sizes=()`, `select=None`, no `auto`;
         otherwise one model reads every column.
+    block_models : "auto" or sequence of {"linear", "mlp"}, default "auto"
+        **Option beyond the method.** The model of each block (with `blocks`): `"linear"`, a
+        logistic regression on the predictor's `scaling` with its `weight_decay`; `"mlp"`, the
+        seed's MLP on that block alone ([`SPEC_PARAMS`][dtg_gpu.PerformancePredictor.SPEC_PARAMS]:
+        32 hidden units, standard scaling, weight decay 1e-4, with this predictor's epochs,
+        batch size, optimiser and learning rate). Every head's probability counts the same in
+        the mean. `"auto"`: the models [`featurize`][dtg_gpu.featurize] marks
+        (`X.column_block_models`: `"mlp"` for the seed's block of `spec_block=True`), else
+        all linear. At least one block must be linear.
 
     Attributes
     ----------
@@ -124,7 +136,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     scores_ : ndarray `[d]`
         Their F statistics on the scaled training data (`select` set; 0 for a feature
         constant in the training data).
-    network_ : torch.nn.Sequential
+    network_ : torch.nn.Module
+        The MLP, or the linear heads of the blocks (`blocks_`).
+    blocks_, block_models_ : tuple or None
+        The column blocks each with a model of their own, and each block's model.
+    block_mlps_ : list of PerformancePredictor
+        The fitted seed's MLP of each `"mlp"` block, in block order.
 
     Examples
     --------
@@ -153,6 +170,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         column_sets: dict | None = None,
         auto_folds: int = 3,
         blocks: Any = "auto",
+        block_models: Any = "auto",
     ):
         self.hidden_sizes = hidden_sizes
         self.epochs = epochs
@@ -169,6 +187,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         self.column_sets = column_sets
         self.auto_folds = auto_folds
         self.blocks = blocks
+        self.block_models = block_models
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -187,6 +206,18 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             or (isinstance(self.blocks, (list, tuple)) and all(is_int(w) for w in self.blocks))
         ):
             raise ValueError(f"blocks must be 'auto', None or a list of column widths, got {self.blocks!r}")
+        if not (
+            (isinstance(self.block_models, str) and self.block_models == "auto")
+            or (
+                isinstance(self.block_models, (list, tuple))
+                and all(m in BLOCK_MODELS for m in self.block_models)
+                and "linear" in self.block_models
+            )
+        ):
+            raise ValueError(
+                "block_models must be 'auto' or a list of 'linear' / 'mlp' (one per block, at least one "
+                f"'linear'), got {self.block_models!r}"
+            )
         check_choice("scaling", self.scaling, SCALINGS)
         if self.select is not None and (not is_int(self.select) or self.select < 1):
             raise ValueError(f"select must be None or a positive integer, got {self.select!r}")
@@ -236,8 +267,10 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         (`_train`)."""
         self._check_params()
         marked = self.blocks if self.blocks != "auto" else getattr(X, "column_blocks", None)
+        models = self.block_models if self.block_models != "auto" else getattr(X, "column_block_models", None)
         X, y = validate_data(self, X, y, ensure_all_finite=False, dtype=np.float64)
         self.blocks_ = self._resolve_blocks(marked, X.shape[1])
+        self.block_models_ = self._resolve_models(models)
         check_classification_targets(y)
         self.classes_, y_enc = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
@@ -272,6 +305,26 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         if any(w < 1 for w in widths) or sum(widths) != d:
             raise ValueError(f"blocks {list(widths)} must be positive widths that add up to X's {d} columns")
         return widths if len(widths) > 1 else None
+
+    def _resolve_models(self, models: Any) -> tuple[str, ...] | None:
+        """Each block's model (see `block_models`), or `None` without blocks."""
+        if self.blocks_ is None:
+            return None
+        if models is None:
+            return ("linear",) * len(self.blocks_)
+        models = tuple(str(m) for m in models)
+        if len(models) != len(self.blocks_) or not set(models) <= set(BLOCK_MODELS) or "linear" not in models:
+            raise ValueError(
+                f"block_models {list(models)} must name 'linear' or 'mlp' for each of the {len(self.blocks_)} "
+                "blocks, at least one 'linear'"
+            )
+        return models
+
+    def _block_columns(self, i: int) -> slice:
+        """The columns (within `columns_`) of block `i`."""
+        blocks = self.blocks_ or ()
+        start = int(sum(blocks[:i]))
+        return slice(start, start + int(blocks[i]))
 
     def _seed(self) -> int:
         from sklearn.utils import check_random_state
@@ -339,7 +392,10 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
         blocks = getattr(self, "blocks_", None) if n_out == 1 else None
         self.blocks_ = blocks
-        net = _BlockHeads(blocks) if blocks else _mlp(self.selected_.size, self.hidden_sizes, n_out)
+        models = getattr(self, "block_models_", None) if blocks else None
+        self.block_models_ = models
+        linear = [i for i, m in enumerate(models) if m == "linear"] if models else None
+        net = _BlockHeads(blocks, linear) if blocks else _mlp(self.selected_.size, self.hidden_sizes, n_out)
         torch.random.set_rng_state(torch_state)
         dev = self._device()
         net = net.to(dev)
@@ -372,6 +428,16 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         net.eval()
         self.network_ = net.cpu()
         self.loss_ = float(loss.detach())
+        self.block_mlps_ = [
+            self._block_mlp(seed).fit(Xf[:, self._block_columns(i)], yf)
+            for i, m in enumerate(models or ())
+            if m == "mlp"
+        ]
+
+    def _block_mlp(self, seed: int) -> "PerformancePredictor":
+        """The seed's MLP for an `"mlp"` block, with this predictor's training settings."""
+        keep = ("epochs", "batch_size", "optimizer", "learning_rate", "device")
+        return PerformancePredictor.spec(random_state=seed, **{k: getattr(self, k) for k in keep})
 
     def _scale_all(self, X: np.ndarray) -> np.ndarray:
         if self.scaling_ == "quantile":
@@ -396,7 +462,12 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
             with torch.no_grad():
                 out = self.network_(xt)
             if len(self.classes_) == 2:
-                p = torch.sigmoid(out).mean(1).double().numpy()  # one head, or the heads' mean
+                heads = [torch.sigmoid(out).double().numpy()]  # one head, or a column per linear head
+                mlps = iter(getattr(self, "block_mlps_", None) or ())
+                for i, m in enumerate(getattr(self, "block_models_", None) or ()):
+                    if m == "mlp":
+                        heads.append(next(mlps).predict_proba(X[finite][:, self._block_columns(i)])[:, 1:])
+                p = np.concatenate(heads, 1).mean(1)  # every head counts the same
                 proba[finite] = np.stack([1 - p, p], 1)
             else:
                 proba[finite] = torch.softmax(out, 1).double().numpy()

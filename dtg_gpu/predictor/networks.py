@@ -26,17 +26,21 @@ def _one_thread(device: torch.device):
 
 class _BlockHeads(torch.nn.Module):
     """One linear head per block of columns (a logistic regression each), as one
-    `Linear(d, B)` whose weight is masked to the blocks; `forward` gives the `B` logits."""
+    `Linear(d, H)` whose weight is masked to the blocks; `forward` gives the `H` logits.
+    `heads`: the indices of the blocks that get a linear head (default: every block; the
+    others are read by a model of their own, e.g. the seed's MLP)."""
 
-    def __init__(self, blocks: Sequence[int]):
+    def __init__(self, blocks: Sequence[int], heads: Sequence[int] | None = None):
         super().__init__()
-        d, b = int(sum(blocks)), len(blocks)
-        self.linear = torch.nn.Linear(d, b)
-        mask = torch.zeros(b, d)
-        start = 0
-        for i, w in enumerate(blocks):
-            mask[i, start : start + int(w)] = 1.0
-            start += int(w)
+        d = int(sum(blocks))
+        heads = list(range(len(blocks))) if heads is None else [int(h) for h in heads]
+        self.linear = torch.nn.Linear(d, len(heads))
+        mask = torch.zeros(len(heads), d)
+        starts = [0]
+        for w in blocks:
+            starts.append(starts[-1] + int(w))
+        for row, i in enumerate(heads):
+            mask[row, starts[i] : starts[i + 1]] = 1.0
         self.mask: torch.Tensor
         self.register_buffer("mask", mask, persistent=False)
         with torch.no_grad():

@@ -19,11 +19,25 @@ from dtg_gpu.predictor.scaling import SCALINGS
 __all__ = ["save_predictor", "load_predictor"]
 
 
+#: the file format: `/1` for every predictor without an MLP block (what older versions read),
+#: `/2` when a block has the seed's MLP of its own (`block_models`), saved as `head<i>.` tensors
+#: and a nested `fitted.block_mlps` entry
+FORMATS = ("dtg_gpu.PerformancePredictor/1", "dtg_gpu.PerformancePredictor/2")
+
+
 def save_predictor(clf: Any, path: str | os.PathLike) -> None:
     """Write the fitted predictor and its feature settings to one `.safetensors` file."""
     from safetensors.torch import save_file
 
     check_is_fitted(clf, "network_")
+    tensors, meta = _parts(clf)
+    from dtg_gpu.core.files import atomic_write
+
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"dtg_predictor": json.dumps(meta)}))
+
+
+def _parts(clf: Any) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors and the metadata of a fitted predictor (its MLP blocks' nested)."""
     tensors = {f"network.{k}": v.detach().contiguous() for k, v in clf.network_.state_dict().items()}
     tensors["mean"] = torch.as_tensor(clf.mean_)
     tensors["scale"] = torch.as_tensor(clf.scale_)
@@ -37,10 +51,19 @@ def save_predictor(clf: Any, path: str | os.PathLike) -> None:
     params["hidden_sizes"] = [int(h) for h in params["hidden_sizes"]]
     if params["blocks"] not in ("auto", None):
         params["blocks"] = [int(w) for w in params["blocks"]]
+    if params["block_models"] != "auto":
+        params["block_models"] = [str(m) for m in params["block_models"]]
     if not isinstance(params["random_state"], (int, type(None))):
         params["random_state"] = None
+    models = getattr(clf, "block_models_", None)
+    mlps = []
+    mlp_blocks = [i for i, m in enumerate(models or ()) if m == "mlp"]
+    for i, sub in zip(mlp_blocks, getattr(clf, "block_mlps_", None) or []):  # head<i>: block i's MLP
+        sub_tensors, sub_meta = _parts(sub)
+        tensors.update({f"head{i}.{k}": v for k, v in sub_tensors.items()})
+        mlps.append(sub_meta)
     meta = {
-        "format": "dtg_gpu.PerformancePredictor/1",
+        "format": FORMATS[1] if mlps else FORMATS[0],
         "params": params,
         "classes": clf.classes_.tolist(),
         "n_features_in": int(clf.n_features_in_),
@@ -48,11 +71,10 @@ def save_predictor(clf: Any, path: str | os.PathLike) -> None:
             "scaling": clf.scaling_,
             "select": None if clf.select_ is None else int(clf.select_),
             **({"blocks": [int(w) for w in blocks]} if (blocks := getattr(clf, "blocks_", None)) else {}),
+            **({"block_models": list(models or ()), "block_mlps": mlps} if mlps else {}),
         },
     }
-    from dtg_gpu.core.files import atomic_write
-
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"dtg_predictor": json.dumps(meta)}))
+    return tensors, meta
 
 
 def load_predictor(cls: Any, path: str | os.PathLike) -> Any:
@@ -94,13 +116,55 @@ def _from_parts(cls: Any, meta: Any, tensors: dict, bad) -> Any:
     """A predictor from a file's metadata and tensors, every field checked (`bad(why)`
     makes the error that names the file)."""
     clf, classes, d, fitted = _meta_from(cls, meta, bad)
-    expected, d = _scaling_from(clf, tensors, d, bad)
-    _network_from(clf, tensors, fitted, classes, d, expected, bad)
+    own = {k: v for k, v in tensors.items() if not k.startswith("head")}
+    expected, d = _scaling_from(clf, own, d, bad)
+    _network_from(clf, own, fitted, classes, d, expected, bad)
+    _block_mlps_from(cls, clf, tensors, fitted, bad)
     return clf
 
 
+def _block_mlps_from(cls: Any, clf: Any, tensors: dict, fitted: dict, bad) -> None:
+    """The seed's MLP of each `"mlp"` block (format /2), each checked like a file of its own
+    and against its block's width."""
+    models, mlps = fitted.get("block_models"), fitted.get("block_mlps")
+    heads = sorted({k.split(".", 1)[0] for k in tensors if k.startswith("head")})
+    clf.block_models_, clf.block_mlps_ = (("linear",) * len(clf.blocks_) if clf.blocks_ else None), []
+    if models is None and mlps is None and not heads:
+        return
+    if clf._format != FORMATS[1]:
+        raise bad(f"block MLPs need format {FORMATS[1]!r}")
+    blocks = clf.blocks_ or ()
+    if (
+        not blocks
+        or not isinstance(models, list)
+        or len(models) != len(blocks)
+        or not all(m in ("linear", "mlp") for m in models)
+        or models.count("linear") != clf.network_.linear.out_features
+        or not isinstance(mlps, list)
+        or len(mlps) != models.count("mlp")
+        or not mlps
+    ):
+        raise bad(
+            "fitted.block_models must name 'linear' or 'mlp' for each block, one head per linear block, "
+            "and fitted.block_mlps one entry per 'mlp' block"
+        )
+    mlp_index = [i for i, m in enumerate(models) if m == "mlp"]
+    if heads != sorted(f"head{i}" for i in mlp_index):
+        raise bad(f"tensors {heads} do not match the 'mlp' blocks {mlp_index}")
+    for i, sub_meta in zip(mlp_index, mlps):
+        if not isinstance(sub_meta, dict) or sub_meta.get("format") != FORMATS[0]:
+            raise bad(f"fitted.block_mlps entry for block {i} must be a plain predictor ({FORMATS[0]!r})")
+        prefix = f"head{i}."
+        sub_tensors = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        sub = _from_parts(cls, sub_meta, sub_tensors, lambda why, i=i: bad(f"block MLP {i}: {why}"))
+        if sub.blocks_ or sub.n_features_in_ != blocks[i] or list(sub.classes_) != [0, 1]:
+            raise bad(f"block MLP {i} must be one network on block {i}'s {blocks[i]} columns with classes [0, 1]")
+        clf.block_mlps_.append(sub)
+    clf.block_models_ = tuple(models)
+
+
 def _meta_from(cls: Any, meta: Any, bad) -> tuple[Any, list, int, dict]:
-    if not isinstance(meta, dict) or meta.get("format") != "dtg_gpu.PerformancePredictor/1":
+    if not isinstance(meta, dict) or meta.get("format") not in FORMATS:
         raise bad("unknown format")
     params = meta.get("params")
     known = set(cls().get_params())
@@ -110,8 +174,9 @@ def _meta_from(cls: Any, meta: Any, bad) -> tuple[Any, list, int, dict]:
     if not isinstance(hidden, list) or not all(is_int(h) and 1 <= h <= 65536 for h in hidden):
         raise bad(f"hidden_sizes must be a list of integers in [1, 65536], got {hidden!r}")
     params["hidden_sizes"] = tuple(hidden)
-    if isinstance(params.get("blocks"), list):
-        params["blocks"] = tuple(params["blocks"])
+    for key in ("blocks", "block_models"):
+        if isinstance(params.get(key), list):
+            params[key] = tuple(params[key])
     if params.get("feature_settings") is not None and not isinstance(params["feature_settings"], dict):
         raise bad("feature_settings must be an object")
     try:
@@ -141,6 +206,7 @@ def _meta_from(cls: Any, meta: Any, bad) -> tuple[Any, list, int, dict]:
     ):
         raise bad(f"fitted must hold a scaling among {SCALINGS} and select (null or a positive integer)")
     clf.scaling_, clf.select_ = fitted["scaling"], fitted.get("select")
+    clf._format = meta["format"]
     clf.classes_ = np.array(classes)
     clf.n_features_in_ = d
     return clf, classes, d, fitted
@@ -210,8 +276,18 @@ def _network_from(clf: Any, tensors: dict, fitted: dict, classes: list, d: int, 
         raise bad(f"fitted.blocks must be positive widths adding up to the {clf.selected_.size} features")
     clf.blocks_ = tuple(blocks) if blocks else None
     shapes: dict[str, tuple[int, ...]] = {}
+    linear: list[int] | None = None
     if blocks:
-        shapes["network.linear.weight"], shapes["network.linear.bias"] = (len(blocks), d), (len(blocks),)
+        models = fitted.get("block_models", ["linear"] * len(blocks))
+        if (
+            not isinstance(models, list)
+            or len(models) != len(blocks)
+            or not all(m in ("linear", "mlp") for m in models)
+            or "linear" not in models
+        ):
+            raise bad("fitted.block_models must name 'linear' or 'mlp' for each block, at least one 'linear'")
+        linear = [i for i, m in enumerate(models) if m == "linear"]
+        shapes["network.linear.weight"], shapes["network.linear.bias"] = (len(linear), d), (len(linear),)
     widths = [int(clf.selected_.size), *clf.hidden_sizes, n_out]
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         if blocks:
@@ -225,7 +301,7 @@ def _network_from(clf: Any, tensors: dict, fitted: dict, classes: list, d: int, 
     if extra:
         raise bad(f"unexpected tensors {sorted(extra)[:5]}")
     clf.network_ = (  # sizes checked against the file
-        _BlockHeads(blocks) if blocks else _mlp(clf.selected_.size, clf.hidden_sizes, n_out)
+        _BlockHeads(blocks, linear) if blocks else _mlp(clf.selected_.size, clf.hidden_sizes, n_out)
     )
     clf.network_.load_state_dict({k[len("network.") :]: tensors[k].float() for k in shapes})
     clf.network_.eval()
