@@ -104,7 +104,8 @@ def candidates():
         return PerformancePredictor(random_state=0, **kw)
 
     return {
-        "library default (featurize + PerformancePredictor)": (["layer_lam_folded", "ws"], "library"),
+        DEFAULT: (["layer_lam_folded", "ws", "spec_folded"], "library"),
+        PREVIOUS: (["layer_lam_folded", "ws"], "library"),
         "spec (seed: dtg, MLP)": (["spec"], lambda: PerformancePredictor.spec(random_state=0)),
         "dtg per layer+lam folded, quantile MLP (options)": (
             ["layer_lam_folded"],
@@ -117,7 +118,6 @@ def candidates():
         "avg LR(q): folded | ws | spec": (["layer_lam_folded", "ws", "spec"], "avg"),
         "avg LR(q): folded | unfolded | ws": (["layer_lam_folded", "layer_lam", "ws"], "avg"),
         "avg: folded LR(q) | ws LR(q) | spec MLP": (["layer_lam_folded", "ws", "spec"], "mixed"),
-        SPEC_BLOCK: (["layer_lam_folded", "ws", "spec_folded"], "library+mlp"),
         "covariates (hyper-parameter oracle), MLP(q)": (
             ["cov"],
             lambda: PerformancePredictor.spec(random_state=0, scaling="quantile"),
@@ -190,7 +190,7 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     X = matrix(f, blocks)[keep]
     X = np.where(np.isfinite(X), X, np.nan)
     good = np.isfinite(X).all(1)  # diverged runs: insufficient by rule, as the predictor does
-    if make in ("avg", "library", "mixed", "library+mlp"):
+    if make in ("avg", "library", "mixed"):
         widths = tuple(matrix(f, [b]).shape[1] for b in blocks)
         if make == "avg":
             clf = Averaged(widths)
@@ -199,7 +199,7 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
         else:  # what featurize's default and PerformancePredictor() do: one head per feature set
             from dtg_gpu.predictor import PerformancePredictor
 
-            models = ("linear",) * (len(blocks) - 1) + ("mlp",) if make == "library+mlp" else "auto"
+            models = tuple("mlp" if b == "spec_folded" else "linear" for b in blocks)  # spec_block: the seed's MLP
             clf = PerformancePredictor(random_state=0, blocks=widths, block_models=models)
     else:
         clf = make()
@@ -210,9 +210,10 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     return {m: {k: float(s[m][k]) for k in ("mean", "ci_low", "ci_high")} for m in ("precision", "roc_auc")}
 
 
+#: featurize's default recipe (spec_block=True since 2026-12-07) + PerformancePredictor()
 DEFAULT = "library default (featurize + PerformancePredictor)"
-#: the library's option: featurize(features=feature_recipe("default", spec_block=True)) + PerformancePredictor()
-SPEC_BLOCK = "library, spec_block=True (+ the seed's MLP on the folded SPEC block)"
+#: the default until 2026-12-07: feature_recipe("default", spec_block=False), two linear heads
+PREVIOUS = "library, spec_block=False (the default until 2026-12-07)"
 SINGLE_ROWS = (
     "spec (seed: dtg, MLP)",
     "dtg per layer+lam folded, quantile MLP (options)",

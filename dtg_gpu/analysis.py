@@ -234,7 +234,8 @@ def featurize(
     of the first `k` checkpoints, smoothed, `[len(runs), 5·k]`. The default,
     `features="default"`, is the recipe that gave the best verdict on the benchmark suite
     (`FEATURE_RECIPES`): per-layer statistics and $\log\lambda_1$ of the graph with batch
-    norm folded, then the weight statistics of the `k`-th checkpoint. A
+    norm folded, then the weight statistics of the `k`-th checkpoint, then the seed's `5·k`
+    columns of that graph as a block of their own (covariates, when given, come last). A
     [`FeatureRecipe`][dtg_gpu.features.temporal.FeatureRecipe] chooses each part:
     `features=feature_recipe("default", weight_stats=False)`.
 
@@ -254,7 +255,7 @@ def featurize(
         ([`fold_batchnorm`][dtg_gpu.ChannelTopology.fold_batchnorm]) and `weight_stats`
         (mean, std and five quantiles of each weight layer at checkpoint `k`,
         [`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]), `spec_block` (the
-        seed's `5·k` columns of the solved graph appended last as a block of their own, which
+        seed's `5·k` columns of the solved graph appended as a block of their own, which
         `PerformancePredictor()` gives the seed's MLP beside its logistic regressions).
     alpha, device
         As in [`analyze`][dtg_gpu.analyze].
@@ -275,9 +276,10 @@ def featurize(
 
     Returns
     -------
-    Tensor `[len(runs), F·k + W + len(covariates)]`
+    Tensor `[len(runs), F·k + W + 5·k + len(covariates)]` (`5·k` with `spec_block`)
         Its `column_blocks` attribute holds the widths of its feature sets (DTG, weight
-        statistics, covariates), which `PerformancePredictor(blocks="auto")` and
+        statistics, the seed's block, covariates) and `column_block_models` the model of
+        each (`"mlp"` for the seed's block), which `PerformancePredictor(blocks="auto")` and
         [`evaluate`][dtg_gpu.evaluate] read. A run with non-finite weights has NaN features
         from that timestep on; a failed run has a NaN row.
         [`extract_features`][dtg_gpu.analysis.extract_features] also returns the raw
@@ -415,22 +417,22 @@ def extract_features(
     if failed_rows:
         stats[failed_rows] = float("nan")
     feats = temporal_features(stats, alpha)
-    block_widths = [feats.shape[1]]
+    block_widths, models = [feats.shape[1]], ["linear"]
     if recipe.weight_stats:
         ws = _weight_stats(runs, k, failures, failed_rows, strict).to(feats.dtype)
         block_widths.append(ws.shape[1])
+        models.append("linear")
         feats = torch.cat([feats, ws], 1)
-        feats[failed_rows] = float("nan")
-    if covariates:
+    if recipe.spec_block:  # the seed's 5·k columns (the whole graph's statistics lead each timestep)
+        block_widths.append(len(STATISTICS) * k)
+        models.append("mlp")
+        feats = torch.cat([feats, temporal_features(stats[..., : len(STATISTICS)], alpha).to(feats.dtype)], 1)
+    feats[failed_rows] = float("nan")  # with the runs whose weight statistics failed
+    if covariates:  # always last
         cov[failed_rows] = float("nan")
         block_widths.append(cov.shape[1])
+        models.append("linear")
         feats = torch.cat([feats, cov.to(feats.dtype)], 1)
-    models = ["linear"] * len(block_widths)
-    if recipe.spec_block:  # the seed's 5·k columns (the whole graph's statistics lead each timestep)
-        spec = temporal_features(stats[..., : len(STATISTICS)], alpha).to(feats.dtype)
-        block_widths.append(spec.shape[1])
-        models.append("mlp")
-        feats = torch.cat([feats, spec], 1)
     # the feature sets, in order: PerformancePredictor(blocks="auto") gives each a model of its own
     blocks = tuple(w for w in block_widths if w)
     block_models = tuple(m for m, w in zip(models, block_widths) if w)

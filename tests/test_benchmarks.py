@@ -207,3 +207,37 @@ def test_pruner_variant_is_chosen_without_the_sweep_it_is_scored_on():
     # shipped meets a; gate meets a and b. Held out a: 0 vs 1 -> gate; b: 1 vs 1 -> shipped (tie);
     # c: 1 vs 2 -> gate
     assert V.leave_one_sweep_out(rows) == {"a": "gate", "b": "shipped", "c": "gate"}
+
+
+def _cell(p: float, a: float, low: float = 0.02) -> dict:
+    return {
+        "precision": {"mean": p, "ci_low": p - low, "ci_high": p + low},
+        "roc_auc": {"mean": a, "ci_low": a - low, "ci_high": a + low},
+    }
+
+
+def test_default_choice_never_sees_the_held_out_sweep_and_counts_losses_to_the_seed(tmp_path):
+    import json
+
+    import bench_default_choice as bdc
+
+    A, B, S = bench_suite.PREVIOUS, bench_suite.DEFAULT, bench_suite.SEED
+    sweeps = ["lenet5-digits", "vgg11-digits", "resnet20-digits"]
+    # A wins only on lenet5-digits (by far), B on the other two; the seed beats A on vgg11-digits at k = T
+    value = {"lenet5-digits": (0.99, 0.5), "vgg11-digits": (0.6, 0.7), "resnet20-digits": (0.6, 0.7)}
+    for f in bdc.FRACTIONS:
+        cells = {}
+        for s in sweeps:
+            a, b = value[s]
+            seed = 0.9 if (s == "vgg11-digits" and f == 1.0) else 0.5
+            cells[f"{s}|{A}"], cells[f"{s}|{B}"], cells[f"{s}|{S}"] = _cell(a, a), _cell(b, b), _cell(seed, 0.5)
+        (tmp_path / bdc.cache_name(f)).write_text(json.dumps(cells))
+    bdc.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
+    doc = json.loads((tmp_path / "out" / "prediction_default_choice.json").read_text())
+    chosen = {s: v["chosen"] for s, v in doc["leave_one_sweep_out"].items()}
+    # held out lenet5-digits: B wins the other two; held out either other sweep: one each, the tie to A
+    assert chosen == {"lenet5-digits": B, "vgg11-digits": A, "resnet20-digits": A}
+    assert doc["leave_one_sweep_out"]["lenet5-digits"]["held_out"]["1.0"]["precision"] == 0.5
+    assert doc["lost_to_seed"][A]["1.0"] == ["vgg11-digits precision"] and doc["lost_to_seed"][A]["0.25"] == []
+    assert doc["goals"] == {}  # no single rows or oracle scored: no goal claimed
+    assert "Chosen on 2 of 3 folds" in (tmp_path / "out" / "prediction_default_choice.md").read_text()

@@ -29,7 +29,7 @@ def bn_runs(tmp_path_factory):
     return load_sweep(run_sweep(CFG, tmp_path_factory.mktemp("bn") / "s", progress=False, device="cpu"))
 
 
-def test_the_default_recipe_is_folded_per_layer_eigenvalue_and_weight_statistics(bn_runs):
+def test_the_default_recipe_is_folded_per_layer_eigenvalue_weight_statistics_and_the_seeds_block(bn_runs):
     k = 3
     X = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu")
     dtg = dtg_gpu.featurize(
@@ -39,8 +39,11 @@ def test_the_default_recipe_is_folded_per_layer_eigenvalue_and_weight_statistics
         features=FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=True, weight_stats=False),
     )
     ws = torch.as_tensor(weight_statistics(list(bn_runs), k), dtype=X.dtype)
-    torch.testing.assert_close(X, torch.cat([dtg, ws], 1))
-    assert FEATURE_RECIPES["default"] == FeatureRecipe(True, True, True, True)
+    seed = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", features=feature_recipe("spec", fold_batchnorm=True))
+    torch.testing.assert_close(X, torch.cat([dtg, ws, seed], 1))
+    # chosen leave one sweep out at k = 25, 50 and 100 % (results/prediction_default_choice.md)
+    assert FEATURE_RECIPES["default"] == FeatureRecipe(True, True, True, True, spec_block=True)
+    assert X.column_block_models == ("linear", "linear", "mlp")
     # the fold matters on a batch-norm net: the unfolded graph gives other numbers
     unfolded = dtg_gpu.featurize(
         bn_runs, timesteps=k, device="cpu", features=feature_recipe("default", fold_batchnorm=False)
@@ -114,28 +117,35 @@ def test_cli_featurize_names_every_column(bn_runs, tmp_path):
     assert main(["featurize", str(bn_runs.path), "-k", "2", "--out", str(tmp_path / "s.csv"), "--spec"]) == 0
     d, s = pd.read_csv(tmp_path / "d.csv"), pd.read_csv(tmp_path / "s.csv")
     assert list(s.columns[2:7]) == ["mean_t1", "std_t1", "median_t1", "skewness_t1", "kurtosis_t1"] and s.shape[1] == 12
-    assert d.columns[-1] == "ws_fc_max" and any(c.startswith("ws_conv1_") for c in d.columns)
+    assert d.columns[-11] == "ws_fc_max" and any(c.startswith("ws_conv1_") for c in d.columns)  # then the seed's
+    assert list(d.columns[-10:]) == [f"spec:{s}_t{t}" for t in (1, 2) for s in dtg_gpu.STATISTICS]
     X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu").double().numpy()
     np.testing.assert_allclose(d.iloc[:, 2:].to_numpy(), X, rtol=1e-6)
 
 
 def test_featurize_marks_its_feature_sets_and_the_default_gives_each_a_model(bn_runs, tmp_path):
     X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", covariates=["lr"])
-    dtg = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", features=feature_recipe("default", weight_stats=False))
-    assert X.column_blocks == (dtg.shape[1], X.shape[1] - dtg.shape[1] - 1, 1)
+    dtg = dtg_gpu.featurize(
+        bn_runs, timesteps=2, device="cpu", features=feature_recipe("default", weight_stats=False, spec_block=False)
+    )
+    assert X.column_blocks == (dtg.shape[1], X.shape[1] - dtg.shape[1] - 10 - 1, 10, 1)
     assert sum(X.column_blocks) == X.shape[1]
     y = np.array([1, 0, 0, 1, 0, 1])[: len(bn_runs)]
     clf = PerformancePredictor(random_state=0).fit(X, y)
     assert clf.blocks_ == X.column_blocks and clf.network_(torch.zeros(1, X.shape[1])).shape == (1, 3)
-    # each head reads only its own columns: its probability is that block's logistic regression
+    assert clf.block_models_ == ("linear", "linear", "mlp", "linear") and len(clf.block_mlps_) == 1
+    # each linear head reads only its own columns: its probability is that block's logistic regression
     w = (clf.network_.linear.weight * clf.network_.mask).detach()
-    a, b, _ = X.column_blocks
+    a, b, s, _ = X.column_blocks
     assert w[0, a:].abs().sum() == 0 and w[1, :a].abs().sum() == 0 and w[1, a + b :].abs().sum() == 0
-    # the mean of the heads' probabilities, saved and read back as it was
+    assert w[:, a + b : a + b + s].abs().sum() == 0  # the seed's block is the MLP's alone
+    # the mean of the four heads' probabilities, saved and read back as it was
     Xn = X.double().numpy()
     p = clf.predict_proba(Xn)[:, 1]
     z = torch.as_tensor(clf._scale(Xn), dtype=torch.float32)
-    np.testing.assert_allclose(p, torch.sigmoid(clf.network_(z)).mean(1).detach().double().numpy(), rtol=1e-6)
+    p_lin = torch.sigmoid(clf.network_(z)).detach().double().numpy()
+    p_mlp = clf.block_mlps_[0].predict_proba(Xn[:, a + b : a + b + s])[:, 1]
+    np.testing.assert_allclose(p, (p_lin.sum(1) + p_mlp) / 4, rtol=1e-6)
     clf.save(tmp_path / "p.safetensors")
     back = PerformancePredictor.load(tmp_path / "p.safetensors")
     assert back.blocks_ == clf.blocks_
@@ -170,14 +180,16 @@ def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
 # ---------------------------------------------------------------- the seed's block (spec_block)
 def test_spec_block_appends_the_seeds_columns_of_the_solved_graph_marked_for_the_mlp(bn_runs):
     k = 2
-    recipe = feature_recipe("default", spec_block=True)
-    X = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", covariates=["lr"], features=recipe)
-    plain = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", covariates=["lr"])
+    X = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", covariates=["lr"])
+    plain = dtg_gpu.featurize(
+        bn_runs, timesteps=k, device="cpu", covariates=["lr"], features=feature_recipe("default", spec_block=False)
+    )
     # the seed's five statistics of the graph the recipe solves (batch norm folded here), smoothed
     seed = dtg_gpu.featurize(bn_runs, timesteps=k, device="cpu", features=feature_recipe("spec", fold_batchnorm=True))
-    torch.testing.assert_close(X, torch.cat([plain, seed], 1))
-    assert X.column_blocks == (*plain.column_blocks, 5 * k)
-    assert X.column_block_models == ("linear", "linear", "linear", "mlp")
+    torch.testing.assert_close(X, torch.cat([plain[:, :-1], seed, plain[:, -1:]], 1))  # covariates last
+    a, b, c = plain.column_blocks
+    assert X.column_blocks == (a, b, 5 * k, c)
+    assert X.column_block_models == ("linear", "linear", "mlp", "linear")
     assert plain.column_block_models == ("linear", "linear", "linear")
 
 

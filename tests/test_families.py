@@ -210,7 +210,7 @@ def test_featurize_folded_equals_a_network_without_batchnorm_holding_the_folded_
     folded_rich = dtg_gpu.featurize(
         [ref], **{**kw, "features": dtg_gpu.feature_recipe("spec", per_layer=True, eigenvalue=True)}
     )
-    torch.testing.assert_close(default, folded_rich, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(default, torch.cat([folded_rich, want], 1), rtol=1e-7, atol=1e-9)  # + the seed's
     unfolded = dtg_gpu.featurize([run], **kw)
     assert not torch.allclose(unfolded, want, atol=1e-3)
     res = dtg_gpu.analyze(run, device="cpu", dtype=torch.float64, tol=1e-12, fold_batchnorm=True)
@@ -441,6 +441,11 @@ def test_checkpoint_records_carry_the_folded_graph_for_batch_norm_nets():
     assert not np.allclose(x_plain, x_fold)
     np.testing.assert_array_equal(
         x_fold, feature_vector([{**r, **r["folded"]} for r in recs], 3, "dtg_per_layer"), strict=True
+    )
+    # the records rebuild featurize's default row (a predictor file's features in dtg watch)
+    x_default = feature_vector(recs, 3, "dtg_per_layer+eigenvalue+weight_stats+spec_block", fold_batchnorm=True)
+    np.testing.assert_allclose(
+        x_default, dtg_gpu.featurize([run], 3, device="cpu")[0].double().numpy(), rtol=1e-5, atol=1e-6
     )
     # a network without batch norm has no folded block, and folding changes nothing for it
     plain = checkpoint_record(_conv_bn_net(bn=False), device="cpu")

@@ -31,8 +31,12 @@ def _spec_flag(p: argparse.ArgumentParser, what: str = "features") -> None:
         help=f"the seed's method exactly ({what}): the five centrality statistics per checkpoint"
         + (" and an MLP of 32 on standardised features" if what != "features" else "")
         + "; default: the suite's best recipe (per-layer statistics and log lambda_1 of the graph with "
-        "batch norm folded, weight statistics"
-        + (", a logistic regression on quantile-scaled features)" if what != "features" else ")"),
+        "batch norm folded, weight statistics, the seed's five statistics as a block of their own"
+        + (
+            "; a logistic regression on quantile-scaled features per set, the seed's MLP on its block, averaged)"
+            if what != "features"
+            else ")"
+        ),
     )
 
 
@@ -62,7 +66,7 @@ def _eigenvalue_flag(p: argparse.ArgumentParser) -> None:
         default=None,
         help="option beyond the method: append the seed's five statistics per checkpoint as a block "
         "of their own, which the predictor gives the seed's MLP beside its logistic regressions "
-        "(default: off)",
+        "(default: on; off with --spec)",
     )
     _family_flags(p, tri_state=True)
 

@@ -38,9 +38,10 @@ def _featurize_run(a: argparse.Namespace) -> int:
 
     runs = _load_sweep(a)
     X, names, k, _, ws = _sweep_features(a, runs)
-    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names] + ws + list(a.covariates)
-    if getattr(X, "column_block_models", ())[-1:] == ("mlp",):  # --spec-block: the seed's columns, last
+    cols = [f"{s}_t{t + 1}" for t in range(k) for s in names] + ws
+    if "mlp" in getattr(X, "column_block_models", ()):  # --spec-block: the seed's columns, before covariates
         cols += [f"spec:{s}_t{t + 1}" for t in range(k) for s in STATISTICS]
+    cols += list(a.covariates)
     df = pd.DataFrame(X.double().numpy(), columns=cols)
     df.insert(0, "run", [r.name for r in runs])
     df.insert(1, "final_accuracy", [r.final_accuracy for r in runs])

@@ -31,6 +31,7 @@ RECORD_FEATURE_SETS = (
     "dtg_per_layer+eigenvalue",
     "dtg+weight_stats",
     "dtg_per_layer+eigenvalue+weight_stats",
+    "dtg_per_layer+eigenvalue+weight_stats+spec_block",
 )
 
 
@@ -244,7 +245,9 @@ def feature_vector(
 ) -> np.ndarray:
     """The feature of a run's first `k` checkpoint records: the method's temporal feature
     (`5·k` numbers for `"dtg"`), then the weight statistics of checkpoint `k`
-    (`"dtg+weight_stats"`), then the first `k` reported values when `values` is given.
+    (`"dtg+weight_stats"`), then the seed's `5·k` columns again as their own block
+    (`"+spec_block"`, as `featurize`'s default recipe), then the first `k` reported values
+    when `values` is given.
     `fold_batchnorm`: the graph statistics of the records' `folded` block where they
     have one (a network with batch norm to fold), as `featurize` with batch norm folded.
 
@@ -258,6 +261,8 @@ def feature_vector(
         raise ValueError(f"features must be one of {', '.join(RECORD_FEATURE_SETS)}; got {features!r}")
     if not 1 <= k <= len(records):
         raise ValueError(f"k must be in [1, {len(records)}], got {k!r}")
+    spec_block = features.endswith("+spec_block")
+    features = features.removesuffix("+spec_block")
     rows = [_as_array(_columns(r, features, fold_batchnorm)) for r in records[:k]]
     width = {len(r) for r in rows}
     if len(width) != 1:
@@ -271,6 +276,8 @@ def feature_vector(
         if ws is None:
             raise ValueError("these checkpoint records were made without weight statistics (weight_stats=False)")
         out.append(_as_array(ws))
+    if spec_block:  # every row leads with the graph's five statistics
+        out.append(temporal_features(stats[:, :5], check_alpha(alpha)).numpy())
     if values is not None:
         out.append(_as_array(list(values)[:k]))
     return np.concatenate(out)

@@ -277,6 +277,8 @@ class StoppingRule:
         feats = ("dtg_per_layer" if fs.get("per_layer") else "dtg") + ("+eigenvalue" if fs.get("eigenvalue") else "")
         if fs.get("weight_stats"):
             feats += "+weight_stats"
+        if fs.get("spec_block"):
+            feats += "+spec_block"
         if feats not in RECORD_FEATURE_SETS:
             raise ValueError(
                 f"a stopping rule cannot rebuild this predictor's features ({feats}); train it on {RECORD_FEATURE_SETS}"

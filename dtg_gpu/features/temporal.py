@@ -106,8 +106,8 @@ class FeatureRecipe:
     [`featurize`][dtg_gpu.featurize]); `weight_stats`: Unterthiner et al.'s weight statistics of
     the `k`-th checkpoint appended ([`weight_statistics`][dtg_gpu.features.baselines.weight_statistics]);
     `spec_block`: the whole graph's five statistics of each timestep, smoothed (the seed's
-    `5·k` features, of the graph the recipe solves), appended last as a block of their own
-    that [`PerformancePredictor`][dtg_gpu.PerformancePredictor] gives the seed's MLP.
+    `5·k` features, of the graph the recipe solves), appended after the weight statistics
+    (before any covariates) as a block of their own that [`PerformancePredictor`][dtg_gpu.PerformancePredictor] gives the seed's MLP.
     """
 
     per_layer: bool
@@ -129,11 +129,13 @@ class FeatureRecipe:
 
 #: Named feature recipes. `"spec"`: the seed's method exactly (the five centrality
 #: statistics of each checkpoint, smoothed: `5·k` columns). `"default"`: the best verdict
-#: the checkpoints allowed on the benchmark suite (`benchmarks/results/prediction_suite.md`):
-#: per-layer statistics and $\log\lambda_1$ of the graph with batch norm folded into
-#: its layer, and the weight statistics of the `k`-th checkpoint.
+#: the checkpoints allowed on the benchmark suite, chosen leave one sweep out at k = 25 %, 50 %
+#: and 100 % (`benchmarks/results/prediction_default_choice.md`): per-layer statistics and
+#: $\log\lambda_1$ of the graph with batch norm folded into its layer, the weight statistics
+#: of the `k`-th checkpoint, and the seed's `5·k` columns of that graph as a block of their own
+#: (which `PerformancePredictor()` gives the seed's MLP).
 FEATURE_RECIPES: dict[str, FeatureRecipe] = {
-    "default": FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=True, weight_stats=True),
+    "default": FeatureRecipe(per_layer=True, eigenvalue=True, fold_batchnorm=True, weight_stats=True, spec_block=True),
     "spec": FeatureRecipe(per_layer=False, eigenvalue=False, fold_batchnorm=False, weight_stats=False),
 }
 

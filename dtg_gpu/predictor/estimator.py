@@ -103,7 +103,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         Column blocks (feature sets, in order) that each get a model of their own, their
         probabilities averaged: one small model per set rather than one on every column.
         `"auto"`: the blocks [`featurize`][dtg_gpu.featurize] marks on its default features
-        (`X.column_blocks`: the DTG columns, the weight statistics, the covariates), and
+        (`X.column_blocks`: the DTG columns, the weight statistics, the seed's block, the
+        covariates), and
         none for any other `X`. Only with `hidden_sizes=()`, `select=None`, no `auto`;
         otherwise one model reads every column.
     block_models : "auto" or sequence of {"linear", "mlp"}, default "auto"

@@ -5,6 +5,7 @@ from dtg_gpu.workflow.verdicts import (
     SweepFeatures,
     compare,
     default_blocks,
+    default_predictor,
     feature_sets,
     featurize_sweep,
     run_verdicts,
@@ -18,4 +19,5 @@ __all__ = [
     "run_verdicts",
     "FEATURE_SETS",
     "default_blocks",
+    "default_predictor",
 ]

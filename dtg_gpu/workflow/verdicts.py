@@ -21,8 +21,8 @@ from dtg_gpu.engine.executors import default_cache
 from dtg_gpu.engine.options import SolverOptions
 from dtg_gpu.features.baselines import learning_curve, spectral_alpha, weight_statistics
 from dtg_gpu.features.layout import StatisticsLayout
-from dtg_gpu.features.statistics import layer_node_groups
-from dtg_gpu.features.temporal import FeatureRecipe, temporal_features
+from dtg_gpu.features.statistics import STATISTICS, layer_node_groups
+from dtg_gpu.features.temporal import FEATURE_RECIPES, FeatureRecipe, temporal_features
 from dtg_gpu.io.run import Run
 from dtg_gpu.predictor.estimator import PerformancePredictor
 from dtg_gpu.predictor.evaluation import evaluate
@@ -250,6 +250,8 @@ def feature_sets(
             src = sf.folded if sf.folded is not None else sf
             ws = per_run(weight_statistics) if ws is None else ws
             out[name] = np.hstack([src.dtg(k, per_layer=src.layer_stats is not None, eigenvalue=True), ws])
+            if FEATURE_RECIPES["default"].spec_block:  # the seed's columns of the folded graph
+                out[name] = np.hstack([out[name], src.dtg(k)])
         elif name == "dtg":
             out[name] = sf.dtg(k)
         elif name in ("weight_stats", "dtg+weight_stats"):
@@ -278,11 +280,29 @@ def feature_sets(
 
 def default_blocks(sf: SweepFeatures, width: int, covariates: Sequence[str] = ()) -> tuple[int, ...]:
     """The feature sets of the `default` matrix of `width` columns: DTG, the weight
-    statistics (7 per weight layer), the covariates (what `featurize` marks as
-    `column_blocks`)."""
+    statistics (7 per weight layer), the seed's block when the default recipe has one, the
+    covariates (what `featurize` marks as `column_blocks`)."""
     first = next(r for r, ok in zip(sf.runs, sf.usable) if ok)
     ws, cov = 7 * len(first.topology.params), len(covariates)
-    return tuple(w for w in (width - ws - cov, ws, cov) if w)
+    spec = 0
+    if FEATURE_RECIPES["default"].spec_block:  # width = (F + 5)·k + ws + cov
+        src = sf.folded if sf.folded is not None else sf
+        per_step = src.dtg(1, per_layer=src.layer_stats is not None, eigenvalue=True).shape[1]
+        spec = len(STATISTICS) * ((width - ws - cov) // (per_step + len(STATISTICS)))
+    return tuple(w for w in (width - ws - cov - spec, ws, spec, cov) if w)
+
+
+def default_predictor(sf: SweepFeatures, width: int, covariates: Sequence[str] = (), **params: Any):
+    """The default [`PerformancePredictor`][dtg_gpu.PerformancePredictor] for the `default`
+    matrix of `width` columns: one model per feature set (`default_blocks`), the seed's MLP
+    on the seed's block; `params` as the predictor's (`random_state`, ...)."""
+    blocks = default_blocks(sf, width, covariates)
+    models = (
+        ("linear", "linear", "mlp") + ("linear",) * (len(blocks) - 3)
+        if FEATURE_RECIPES["default"].spec_block
+        else "auto"
+    )
+    return PerformancePredictor(**{"blocks": blocks, "block_models": models, **params})
 
 
 def compare(
@@ -318,9 +338,9 @@ def compare(
             row_clf = clf or (
                 PerformancePredictor.spec()
                 if name == "dtg"
-                else PerformancePredictor(
-                    blocks=default_blocks(sf, X.shape[1], covariates) if name == "default" else None
-                )
+                else default_predictor(sf, X.shape[1], covariates)
+                if name == "default"
+                else PerformancePredictor(blocks=None)
             )
             s = evaluate(row_clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
@@ -368,7 +388,7 @@ def run_verdicts(
             cv = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
             model = base
             if clf is None and features == "default":
-                model = base.set_params(blocks=default_blocks(sf, X.shape[1]))
+                model = default_predictor(sf, X.shape[1], random_state=seed)
             proba[keep, j] = cross_val_predict(model, X, y, cv=cv, method="predict_proba")[:, 1]
     label = np.full(len(sf.runs), -1)
     label[keep] = y

@@ -75,8 +75,9 @@ def test_analyze_featurize_train_predict_evaluate(sweep, tmp_path, capsys):
     args = ["featurize", str(sweep), "--timesteps", "1", "--spec", "--per-layer", "--out", str(csv), "--device", "cpu"]
     assert main(args) == 0
     assert len(csv.read_text().splitlines()[0].split(",")) == 2 + 30
-    # the default recipe, one option turned off
-    assert main(["featurize", str(sweep), "-k", "1", "--no-weight-stats", "--out", str(csv), "--device", "cpu"]) == 0
+    # the default recipe, options turned off
+    args = ["featurize", str(sweep), "-k", "1", "--no-weight-stats", "--no-spec-block", "--out", str(csv)]
+    assert main([*args, "--device", "cpu"]) == 0
     assert csv.read_text().splitlines()[0].endswith("kurtosis_t1,log_eigenvalue_t1")
     assert "classifier.7:kurtosis_t1" in csv.read_text().splitlines()[0]
     assert (

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from sklearn.model_selection import StratifiedKFold
 
-from dtg_gpu import PerformancePredictor, label_runs
+from dtg_gpu import label_runs
 from dtg_gpu.cli.main import main
 from dtg_gpu.sweeps import SweepConfig, load_sweep
-from dtg_gpu.workflow import default_blocks, feature_sets, featurize_sweep, run_verdicts
+from dtg_gpu.workflow import default_predictor, feature_sets, featurize_sweep, run_verdicts
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_verdicts_are_out_of_fold(sweep):
         X = feature_sets(sf, k, ["default"])["default"]
         expected = np.empty(len(y))
         for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(X, y):
-            clf = PerformancePredictor(random_state=0, blocks=default_blocks(sf, X.shape[1]))
+            clf = default_predictor(sf, X.shape[1], random_state=0)
             expected[test] = clf.fit(X[train], y[train]).predict_proba(X[test])[:, 1]
         np.testing.assert_allclose(v["proba"][:, j], expected)
 
