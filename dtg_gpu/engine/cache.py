@@ -53,7 +53,8 @@ CACHE_DIRNAME = ".dtg-cache"
 FORMAT = "dtg_gpu.features.temporal/1"
 # Bumped whenever the solver's arithmetic changes (the last bits of a statistic can move), so
 # that no entry solved before is mixed with fresh ones. 2: B x as xᵀBᵀ on the transposed view.
-SOLVER_REVISION = 2
+# 3: the moments of (x - mean) / max|x - mean| (no float32 underflow of a tiny layer's kurtosis).
+SOLVER_REVISION = 3
 MAX_ENTRY_BYTES = 64 << 20
 
 

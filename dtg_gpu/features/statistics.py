@@ -81,12 +81,17 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
     d = x - mean[:, None]
     if mask is not None:
         d = d.masked_fill(~mask, 0)
-    d2 = d * d
-    m2 = d2.sum(1) / n_f
-    m3 = (d2 * d).sum(1) / n_f
-    m4 = (d2 * d2).sum(1) / n_f
+    # the moments of d / s, s = max |d|: skewness and kurtosis are scale-free, and a vector of
+    # tiny values (a layer whose centrality is ~1e-20) would underflow m2² to 0 in float32
+    s = d.abs().amax(1)
+    u = d / torch.where(s > 0, s, torch.ones_like(s))[:, None]
+    u2 = u * u
+    m2 = u2.sum(1) / n_f
+    m3 = (u2 * u).sum(1) / n_f
+    m4 = (u2 * u2).sum(1) / n_f
+    std = s * m2.sqrt()
     eps = torch.finfo(x.dtype).eps
-    flat = m2 <= (eps * mean) ** 2
+    flat = std <= eps * mean.abs()  # constant to rounding (also s = 0)
     nan = torch.full_like(m2, float("nan"))
     skew = torch.where(flat, nan, m3 / m2**1.5)
     kurt = torch.where(flat, nan, m4 / (m2 * m2) - 3.0)
@@ -97,7 +102,7 @@ def timestep_statistics(x: torch.Tensor, ptr: torch.Tensor | None = None) -> tor
     hi = srt.gather(1, (n_l // 2)[:, None]).squeeze(1)
     median = (lo + hi) / 2
     has_nan = torch.isnan(xz).any(1)
-    out = torch.stack([mean, m2.sqrt(), median, skew, kurt], dim=1)
+    out = torch.stack([mean, std, median, skew, kurt], dim=1)
     return torch.where(has_nan[:, None], torch.full_like(out, float("nan")), out)
 
 

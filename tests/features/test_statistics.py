@@ -24,6 +24,19 @@ def test_statistics_match_numpy_scipy(dtype, rtol, device):
     assert np.isnan(out[3, 3:]).all() and out[3, 1] == 0
 
 
+def test_tiny_vectors_keep_finite_skewness_and_kurtosis_in_float32():
+    """A depthwise layer's centrality can be ~1e-20 (MobileNet): its second moment squared
+    underflows float32, which once gave an infinite kurtosis and marked good runs diverged."""
+    rng = np.random.default_rng(2)
+    x = rng.gamma(2.0, size=(3, 40))
+    tiny = timestep_statistics(torch.tensor(x * 1e-20, dtype=torch.float32)).double().numpy()
+    assert np.isfinite(tiny).all()
+    for i in range(3):  # skewness and kurtosis are scale-free: scipy's on the unscaled vector
+        ref = np.array(_numpy_stats(x[i]), dtype=float)
+        np.testing.assert_allclose(tiny[i, 3:], ref[3:], rtol=2e-4)
+        np.testing.assert_allclose(tiny[i, :3], ref[:3] * 1e-20, rtol=2e-4)
+
+
 def test_ragged_statistics_with_ptr_and_even_median():
     rng = np.random.default_rng(1)
     parts = [rng.random(n) for n in (4, 9, 1, 16)]
