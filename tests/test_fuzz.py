@@ -308,3 +308,55 @@ def test_fuzz_predictor_files():
         _expect_documented(load_and_predict)
 
     case()
+
+
+def _block_predictor_seed() -> tuple[dict, dict]:
+    """A predictor file of format /2: linear heads and the seed's MLP on a block of its own."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(30, 6))
+    clf = PerformancePredictor(random_state=0, epochs=3, blocks=(2, 3, 1), block_models=("linear", "mlp", "linear"))
+    clf.fit(X, (X[:, 0] > 0).astype(int))
+    path = ROOT / "b.safetensors"
+    clf.save(path)
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(f.metadata()["dtg_predictor"]), {k: f.get_tensor(k) for k in f.keys()}
+
+
+BLOCK_META, BLOCK_TENSORS = _block_predictor_seed()
+
+
+def test_fuzz_predictor_files_with_a_block_mlp():
+    @FUZZ
+    @given(
+        fitted=st.dictionaries(st.sampled_from(["blocks", "block_models", "block_mlps", "scaling"]), JSON, max_size=2),
+        nested=st.dictionaries(
+            st.sampled_from(["format", "n_features_in", "classes", "params", "fitted"]), JSON, max_size=2
+        ),
+        drop=st.lists(st.sampled_from(sorted(BLOCK_TENSORS)), max_size=2),
+        extra=st.sampled_from([None, "head0.mean", "head1.evil", "head9.network.0.weight"]),
+    )
+    def case(fitted, nested, drop, extra):
+        meta = json.loads(json.dumps(BLOCK_META))
+        meta["fitted"].update(fitted)
+        mlps = meta["fitted"].get("block_mlps")
+        if isinstance(mlps, list) and mlps and isinstance(mlps[0], dict):
+            mlps[0].update(nested)
+        tensors = {k: v.clone() for k, v in BLOCK_TENSORS.items() if k not in drop}
+        if extra is not None:
+            tensors[extra] = torch.zeros(3)
+        path = INSIDE / "b.safetensors"
+        try:
+            save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
+        except (ValueError, TypeError):
+            return
+
+        def load_and_predict():
+            clf = PerformancePredictor.load(path)
+            proba = clf.predict_proba(np.zeros((2, clf.n_features_in_)))
+            assert proba.shape == (2, len(clf.classes_)) and np.isfinite(proba).all()
+
+        _expect_documented(load_and_predict)
+
+    case()
