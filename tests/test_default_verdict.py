@@ -325,3 +325,19 @@ def test_evaluate_passes_featurizes_block_models_to_the_predictor(monkeypatch):
     evaluate(PerformancePredictor(epochs=5), X, y, repeats=2)
     # each split's predictor, and inside it the block's own MLP (no blocks of its own)
     assert seen == [None, ("linear", "mlp")] * 2
+
+
+def test_the_reports_default_matrix_and_model_are_featurizes(bn_runs):
+    """`dtg evaluate` / the report build the default row from the sweep's solved statistics:
+    the same columns, blocks and block models as `featurize` (covariates last)."""
+    from dtg_gpu.workflow import default_blocks, default_predictor, feature_sets, featurize_sweep
+
+    cov = ["lr", "dropout"]
+    sf = featurize_sweep(bn_runs, device="cpu")
+    X = dtg_gpu.featurize(bn_runs, timesteps=2, device="cpu", covariates=cov)
+    F = feature_sets(sf, 2, ["default"], covariates=cov)["default"]
+    # every checkpoint solved in one batch there, the first k here: float32 solver tolerance apart
+    np.testing.assert_allclose(F, X.double().numpy(), rtol=1e-4, atol=1e-5)
+    assert default_blocks(sf, F.shape[1], cov) == X.column_blocks
+    clf = default_predictor(sf, F.shape[1], cov, random_state=0)
+    assert (clf.blocks, clf.block_models, clf.random_state) == (X.column_blocks, X.column_block_models, 0)
