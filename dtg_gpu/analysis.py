@@ -423,10 +423,11 @@ def extract_features(
         block_widths.append(ws.shape[1])
         models.append("linear")
         feats = torch.cat([feats, ws], 1)
-    if recipe.spec_block:  # the seed's 5·k columns (the whole graph's statistics lead each timestep)
-        block_widths.append(len(STATISTICS) * k)
+    if recipe.spec_block:  # the seed's 5·k columns: the whole graph's statistics lead each timestep
+        n, r = len(STATISTICS), len(runs)
+        block_widths.append(n * k)
         models.append("mlp")
-        feats = torch.cat([feats, temporal_features(stats[..., : len(STATISTICS)], alpha).to(feats.dtype)], 1)
+        feats = torch.cat([feats, feats[:, : block_widths[0]].reshape(r, k, -1)[..., :n].reshape(r, n * k)], 1)
     feats[failed_rows] = float("nan")  # with the runs whose weight statistics failed
     if covariates:  # always last
         cov[failed_rows] = float("nan")

@@ -157,23 +157,30 @@ def test_featurize_marks_its_feature_sets_and_the_default_gives_each_a_model(bn_
         PerformancePredictor(blocks=(1, 2)).fit(Xn, y)
 
 
-def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
+def _attribute_at_each_fit(monkeypatch, clf, attribute: str, **marks) -> list:
+    """`evaluate(clf, X, y, repeats=2)` on a marked tensor `X`: `attribute` of every predictor
+    fitted along the way."""
     from dtg_gpu.predictor.evaluation import evaluate
 
-    rng = np.random.default_rng(0)
-    X = torch.as_tensor(rng.normal(size=(40, 6)))
-    X.column_blocks = (4, 2)
+    X = torch.as_tensor(np.random.default_rng(0).normal(size=(40, 6)))
+    for name, value in marks.items():
+        setattr(X, name, value)
     y = (X[:, 0] > 0).long().numpy()
     seen = []
     real = PerformancePredictor.fit
 
     def fit(self, X, y):
         out = real(self, X, y)
-        seen.append(self.blocks_)
+        seen.append(getattr(self, attribute))
         return out
 
     monkeypatch.setattr(PerformancePredictor, "fit", fit)
-    evaluate(PerformancePredictor(), X, y, repeats=2)
+    evaluate(clf, X, y, repeats=2)
+    return seen
+
+
+def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
+    seen = _attribute_at_each_fit(monkeypatch, PerformancePredictor(), "blocks_", column_blocks=(4, 2))
     assert seen == [(4, 2), (4, 2)]
 
 
@@ -307,22 +314,8 @@ def test_the_cli_trains_and_predicts_with_the_spec_block(bn_runs, tmp_path):
 
 
 def test_evaluate_passes_featurizes_block_models_to_the_predictor(monkeypatch):
-    from dtg_gpu.predictor.evaluation import evaluate
-
-    rng = np.random.default_rng(0)
-    X = torch.as_tensor(rng.normal(size=(40, 6)))
-    X.column_blocks, X.column_block_models = (4, 2), ("linear", "mlp")
-    y = (X[:, 0] > 0).long().numpy()
-    seen = []
-    real = PerformancePredictor.fit
-
-    def fit(self, X, y):
-        out = real(self, X, y)
-        seen.append(self.block_models_)
-        return out
-
-    monkeypatch.setattr(PerformancePredictor, "fit", fit)
-    evaluate(PerformancePredictor(epochs=5), X, y, repeats=2)
+    marks = {"column_blocks": (4, 2), "column_block_models": ("linear", "mlp")}
+    seen = _attribute_at_each_fit(monkeypatch, PerformancePredictor(epochs=5), "block_models_", **marks)
     # each split's predictor, and inside it the block's own MLP (no blocks of its own)
     assert seen == [None, ("linear", "mlp")] * 2
 

@@ -259,19 +259,25 @@ def test_fuzz_sweep_json():
     case()
 
 
-def _predictor_seed() -> tuple[dict, dict]:
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(30, 4))
-    clf = PerformancePredictor(random_state=0, epochs=3, scaling="quantile", select=3).fit(X, (X[:, 0] > 0).astype(int))
-    path = ROOT / "p.safetensors"
-    clf.save(path)
+def _predictor_seed(clf: PerformancePredictor, d: int, name: str) -> tuple[dict, dict]:
+    """The metadata and tensors of `clf` fitted on `d` random columns and saved."""
+    X = np.random.default_rng(0).normal(size=(30, d))
+    clf.fit(X, (X[:, 0] > 0).astype(int)).save(ROOT / name)
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(str(ROOT / name), framework="pt") as f:
         return json.loads(f.metadata()["dtg_predictor"]), {k: f.get_tensor(k) for k in f.keys()}
 
 
-PRED_META, PRED_TENSORS = _predictor_seed()
+def _load_and_predict(path: Path) -> None:
+    clf = PerformancePredictor.load(path)
+    proba = clf.predict_proba(np.zeros((2, clf.n_features_in_)))
+    assert proba.shape == (2, len(clf.classes_)) and np.isfinite(proba).all()
+
+
+PRED_META, PRED_TENSORS = _predictor_seed(
+    PerformancePredictor(random_state=0, epochs=3, scaling="quantile", select=3), 4, "p.safetensors"
+)
 
 
 def test_fuzz_predictor_files():
@@ -299,32 +305,17 @@ def test_fuzz_predictor_files():
         if tail is not None:
             data = path.read_bytes()
             path.write_bytes(data[: len(data) // 2] + tail)
-
-        def load_and_predict():
-            clf = PerformancePredictor.load(path)
-            proba = clf.predict_proba(np.zeros((2, clf.n_features_in_)))
-            assert proba.shape == (2, len(clf.classes_)) and np.isfinite(proba).all()
-
-        _expect_documented(load_and_predict)
+        _expect_documented(lambda: _load_and_predict(path))
 
     case()
 
 
-def _block_predictor_seed() -> tuple[dict, dict]:
-    """A predictor file of format /2: linear heads and the seed's MLP on a block of its own."""
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(30, 6))
-    clf = PerformancePredictor(random_state=0, epochs=3, blocks=(2, 3, 1), block_models=("linear", "mlp", "linear"))
-    clf.fit(X, (X[:, 0] > 0).astype(int))
-    path = ROOT / "b.safetensors"
-    clf.save(path)
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads(f.metadata()["dtg_predictor"]), {k: f.get_tensor(k) for k in f.keys()}
-
-
-BLOCK_META, BLOCK_TENSORS = _block_predictor_seed()
+# a predictor file of format /2: linear heads and the seed's MLP on a block of its own
+BLOCK_META, BLOCK_TENSORS = _predictor_seed(
+    PerformancePredictor(random_state=0, epochs=3, blocks=(2, 3, 1), block_models=("linear", "mlp", "linear")),
+    6,
+    "b.safetensors",
+)
 
 
 def test_fuzz_predictor_files_with_a_block_mlp():
@@ -351,12 +342,6 @@ def test_fuzz_predictor_files_with_a_block_mlp():
             save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
         except (ValueError, TypeError):
             return
-
-        def load_and_predict():
-            clf = PerformancePredictor.load(path)
-            proba = clf.predict_proba(np.zeros((2, clf.n_features_in_)))
-            assert proba.shape == (2, len(clf.classes_)) and np.isfinite(proba).all()
-
-        _expect_documented(load_and_predict)
+        _expect_documented(lambda: _load_and_predict(path))
 
     case()

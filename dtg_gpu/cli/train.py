@@ -40,6 +40,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train_run(a: argparse.Namespace) -> int:
+    from dtg_gpu.predictor.estimator import marked_sets
     from dtg_gpu.predictor.labels import label_runs
     from dtg_gpu.topology.types import weight_layout
 
@@ -48,17 +49,12 @@ def _train_run(a: argparse.Namespace) -> int:
     runs = _load_sweep(a)
     label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))  # fail before solving
     X, names, k, usable, ws = _sweep_features(a, runs)
-    blocks = getattr(X, "column_blocks", None)
-    models = getattr(X, "column_block_models", None)
+    clf = _classifier(a)
+    clf.set_params(**marked_sets(clf, X))  # before X loses its marks
     runs = [r for r, u in zip(runs, usable) if u]  # failed runs: named in a warning, left out
     X = X[torch_index(usable)]
     y = label_runs([r.final_accuracy for r in runs], _threshold(a.threshold))
     recipe = _recipe(a)
-    clf = _classifier(a)
-    if clf.blocks == "auto":
-        clf.set_params(blocks=blocks)
-        if models and clf.block_models == "auto":
-            clf.set_params(block_models=models)
     clf.set_params(
         random_state=a.seed,
         feature_settings={

@@ -276,8 +276,8 @@ def feature_vector(
         if ws is None:
             raise ValueError("these checkpoint records were made without weight statistics (weight_stats=False)")
         out.append(_as_array(ws))
-    if spec_block:  # every row leads with the graph's five statistics
-        out.append(temporal_features(stats[:, :5], check_alpha(alpha)).numpy())
+    if spec_block:  # every row leads with the graph's five statistics: the first 5 of each timestep
+        out.append(out[0].reshape(k, -1)[:, :5].reshape(-1))
     if values is not None:
         out.append(_as_array(list(values)[:k]))
     return np.concatenate(out)

@@ -28,19 +28,30 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from dtg_gpu.core.validation import check_choice, is_int, is_number
-from dtg_gpu.predictor.networks import _BlockHeads, _mlp, _one_thread
+from dtg_gpu.predictor.networks import BLOCK_MODELS, _BlockHeads, _mlp, _one_thread
 from dtg_gpu.predictor.persistence import load_predictor, save_predictor
 from dtg_gpu.predictor.scaling import SCALINGS, _f_scores, quantile_normal, training_quantiles
 from dtg_gpu.topology.types import weight_layout
 
-__all__ = ["PerformancePredictor", "FEATURE_FLAGS"]
+__all__ = ["PerformancePredictor", "FEATURE_FLAGS", "marked_sets"]
 
 
 #: the recipe's flags a saved predictor records in its feature_settings
 FEATURE_FLAGS = ("per_layer", "eigenvalue", "fold_batchnorm", "weight_stats", "spec_block")
 
-#: the models a block can have (`block_models`)
-BLOCK_MODELS = ("linear", "mlp")
+
+def marked_sets(clf: Any, X: Any) -> dict[str, tuple]:
+    """The parameters that give `clf` the feature sets [`featurize`][dtg_gpu.featurize] marked
+    on `X` (`column_blocks`, `column_block_models`) where its `blocks` / `block_models` are
+    `"auto"`: the marks do not survive turning `X` into an array (splits, `.numpy()`)."""
+    params = clf.get_params()
+    blocks, models = getattr(X, "column_blocks", None), getattr(X, "column_block_models", None)
+    if blocks is None or params.get("blocks", None) != "auto":
+        return {}
+    out = {"blocks": tuple(blocks)}
+    if models and params.get("block_models", None) == "auto":
+        out["block_models"] = tuple(models)
+    return out
 
 
 class PerformancePredictor(ClassifierMixin, BaseEstimator):

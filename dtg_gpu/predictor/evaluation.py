@@ -23,6 +23,7 @@ from sklearn.metrics import (
     roc_curve,
 )
 
+from dtg_gpu.predictor.estimator import marked_sets
 from dtg_gpu.predictor.labels import split_runs
 
 __all__ = ["METRICS", "evaluate", "summarize"]
@@ -93,15 +94,11 @@ def evaluate(
     ValueError
         Fewer than 2 runs of a class, or `repeats < 1`.
     """
-    blocks = getattr(X, "column_blocks", None)  # featurize's feature sets, for PerformancePredictor(blocks="auto")
-    models = getattr(X, "column_block_models", None)  # and their models (block_models="auto")
+    marks = marked_sets(clf, X)  # featurize's feature sets, for PerformancePredictor(blocks="auto")
+    if marks:
+        clf = clone(clf).set_params(**marks)
     X = np.asarray(X, dtype=float)
     y = np.asarray(y)
-    params = clf.get_params()
-    if blocks is not None and params.get("blocks", None) == "auto":
-        clf = clone(clf).set_params(blocks=tuple(blocks))
-        if models and params.get("block_models", None) == "auto":
-            clf.set_params(block_models=tuple(models))
     if int(repeats) < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
     classes, counts = np.unique(y, return_counts=True)

@@ -7,6 +7,9 @@ from contextlib import contextmanager
 
 import torch
 
+#: the models a block of columns can have (`PerformancePredictor(block_models=...)`)
+BLOCK_MODELS = ("linear", "mlp")
+
 
 @contextmanager
 def _one_thread(device: torch.device):

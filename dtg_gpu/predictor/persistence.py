@@ -13,7 +13,7 @@ import torch
 from sklearn.utils.validation import check_is_fitted
 
 from dtg_gpu.core.validation import is_int
-from dtg_gpu.predictor.networks import _BlockHeads, _mlp
+from dtg_gpu.predictor.networks import BLOCK_MODELS, _BlockHeads, _mlp
 from dtg_gpu.predictor.scaling import SCALINGS
 
 __all__ = ["save_predictor", "load_predictor"]
@@ -119,36 +119,24 @@ def _from_parts(cls: Any, meta: Any, tensors: dict, bad) -> Any:
     own = {k: v for k, v in tensors.items() if not k.startswith("head")}
     expected, d = _scaling_from(clf, own, d, bad)
     _network_from(clf, own, fitted, classes, d, expected, bad)
-    _block_mlps_from(cls, clf, tensors, fitted, bad)
+    _block_mlps_from(cls, clf, tensors, fitted, meta["format"], bad)
     return clf
 
 
-def _block_mlps_from(cls: Any, clf: Any, tensors: dict, fitted: dict, bad) -> None:
-    """The seed's MLP of each `"mlp"` block (format /2), each checked like a file of its own
-    and against its block's width."""
-    models, mlps = fitted.get("block_models"), fitted.get("block_mlps")
+def _block_mlps_from(cls: Any, clf: Any, tensors: dict, fitted: dict, fmt: str, bad) -> None:
+    """The seed's MLP of each `"mlp"` block (format /2; the block models were checked with
+    the network), each checked like a file of its own and against its block's width."""
+    mlps = fitted.get("block_mlps")
     heads = sorted({k.split(".", 1)[0] for k in tensors if k.startswith("head")})
-    clf.block_models_, clf.block_mlps_ = (("linear",) * len(clf.blocks_) if clf.blocks_ else None), []
-    if models is None and mlps is None and not heads:
-        return
-    if clf._format != FORMATS[1]:
-        raise bad(f"block MLPs need format {FORMATS[1]!r}")
     blocks = clf.blocks_ or ()
-    if (
-        not blocks
-        or not isinstance(models, list)
-        or len(models) != len(blocks)
-        or not all(m in ("linear", "mlp") for m in models)
-        or models.count("linear") != clf.network_.linear.out_features
-        or not isinstance(mlps, list)
-        or len(mlps) != models.count("mlp")
-        or not mlps
-    ):
-        raise bad(
-            "fitted.block_models must name 'linear' or 'mlp' for each block, one head per linear block, "
-            "and fitted.block_mlps one entry per 'mlp' block"
-        )
-    mlp_index = [i for i, m in enumerate(models) if m == "mlp"]
+    mlp_index = [i for i, m in enumerate(clf.block_models_ or ()) if m == "mlp"]
+    clf.block_mlps_ = []
+    if mlps is None and not heads and not mlp_index:
+        return
+    if fmt != FORMATS[1]:
+        raise bad(f"block MLPs need format {FORMATS[1]!r}")
+    if not isinstance(mlps, list) or not mlps or len(mlps) != len(mlp_index):
+        raise bad("fitted.block_mlps must hold one entry per 'mlp' block of fitted.block_models")
     if heads != sorted(f"head{i}" for i in mlp_index):
         raise bad(f"tensors {heads} do not match the 'mlp' blocks {mlp_index}")
     for i, sub_meta in zip(mlp_index, mlps):
@@ -160,7 +148,6 @@ def _block_mlps_from(cls: Any, clf: Any, tensors: dict, fitted: dict, bad) -> No
         if sub.blocks_ or sub.n_features_in_ != blocks[i] or list(sub.classes_) != [0, 1]:
             raise bad(f"block MLP {i} must be one network on block {i}'s {blocks[i]} columns with classes [0, 1]")
         clf.block_mlps_.append(sub)
-    clf.block_models_ = tuple(models)
 
 
 def _meta_from(cls: Any, meta: Any, bad) -> tuple[Any, list, int, dict]:
@@ -206,7 +193,6 @@ def _meta_from(cls: Any, meta: Any, bad) -> tuple[Any, list, int, dict]:
     ):
         raise bad(f"fitted must hold a scaling among {SCALINGS} and select (null or a positive integer)")
     clf.scaling_, clf.select_ = fitted["scaling"], fitted.get("select")
-    clf._format = meta["format"]
     clf.classes_ = np.array(classes)
     clf.n_features_in_ = d
     return clf, classes, d, fitted
@@ -277,15 +263,17 @@ def _network_from(clf: Any, tensors: dict, fitted: dict, classes: list, d: int, 
     clf.blocks_ = tuple(blocks) if blocks else None
     shapes: dict[str, tuple[int, ...]] = {}
     linear: list[int] | None = None
+    clf.block_models_ = None
     if blocks:
         models = fitted.get("block_models", ["linear"] * len(blocks))
         if (
             not isinstance(models, list)
             or len(models) != len(blocks)
-            or not all(m in ("linear", "mlp") for m in models)
+            or not all(m in BLOCK_MODELS for m in models)
             or "linear" not in models
         ):
             raise bad("fitted.block_models must name 'linear' or 'mlp' for each block, at least one 'linear'")
+        clf.block_models_ = tuple(models)
         linear = [i for i, m in enumerate(models) if m == "linear"]
         shapes["network.linear.weight"], shapes["network.linear.bias"] = (len(linear), d), (len(linear),)
     widths = [int(clf.selected_.size), *clf.hidden_sizes, n_out]

@@ -287,7 +287,7 @@ def default_blocks(sf: SweepFeatures, width: int, covariates: Sequence[str] = ()
     spec = 0
     if FEATURE_RECIPES["default"].spec_block:  # width = (F + 5)·k + ws + cov
         src = sf.folded if sf.folded is not None else sf
-        per_step = src.dtg(1, per_layer=src.layer_stats is not None, eigenvalue=True).shape[1]
+        per_step = src.layout_for(per_layer=src.layer_stats is not None, eigenvalue=True).width
         spec = len(STATISTICS) * ((width - ws - cov) // (per_step + len(STATISTICS)))
     return tuple(w for w in (width - ws - cov - spec, ws, spec, cov) if w)
 
@@ -297,11 +297,8 @@ def default_predictor(sf: SweepFeatures, width: int, covariates: Sequence[str] =
     matrix of `width` columns: one model per feature set (`default_blocks`), the seed's MLP
     on the seed's block; `params` as the predictor's (`random_state`, ...)."""
     blocks = default_blocks(sf, width, covariates)
-    models = (
-        ("linear", "linear", "mlp") + ("linear",) * (len(blocks) - 3)
-        if FEATURE_RECIPES["default"].spec_block
-        else "auto"
-    )
+    spec = FEATURE_RECIPES["default"].spec_block  # DTG, weight statistics, the seed's block, covariates
+    models = tuple("mlp" if spec and i == 2 else "linear" for i in range(len(blocks)))
     return PerformancePredictor(**{"blocks": blocks, "block_models": models, **params})
 
 
