@@ -166,7 +166,7 @@ def markdown(doc: dict, command: str) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", required=True, help="the suite's folder (bench_suite.py's --root, with its score caches)")
-    p.add_argument("--candidates", nargs="+", default=[bs.PREVIOUS, bs.DEFAULT])
+    p.add_argument("--candidates", nargs="+", default=[bs.PREVIOUS, bs.DEFAULT, bs.STACKED])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--stem", default="prediction_default_choice")
     a = p.parse_args(argv)

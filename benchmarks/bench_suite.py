@@ -106,6 +106,7 @@ def candidates():
     return {
         DEFAULT: (["layer_lam_folded", "ws", "spec_folded"], "library"),
         PREVIOUS: (["layer_lam_folded", "ws"], "library"),
+        STACKED: (["layer_lam_folded", "ws", "spec_folded"], "library-stacked"),
         "spec (seed: dtg, MLP)": (["spec"], lambda: PerformancePredictor.spec(random_state=0)),
         "dtg per layer+lam folded, quantile MLP (options)": (
             ["layer_lam_folded"],
@@ -190,7 +191,7 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     X = matrix(f, blocks)[keep]
     X = np.where(np.isfinite(X), X, np.nan)
     good = np.isfinite(X).all(1)  # diverged runs: insufficient by rule, as the predictor does
-    if make in ("avg", "library", "mixed"):
+    if make in ("avg", "library", "library-stacked", "mixed"):
         widths = tuple(matrix(f, [b]).shape[1] for b in blocks)
         if make == "avg":
             clf = Averaged(widths)
@@ -201,6 +202,8 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
 
             models = tuple("mlp" if b == "spec_folded" else "linear" for b in blocks)  # spec_block: the seed's MLP
             clf = PerformancePredictor(random_state=0, blocks=widths, block_models=models)
+            if make == "library-stacked":
+                clf.set_params(head_weights="stacked")
     else:
         clf = make()
     X = np.where(good[:, None], X, 0.0) if not hasattr(clf, "scaling") else X
@@ -214,6 +217,8 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
 DEFAULT = "library default (featurize + PerformancePredictor)"
 #: the default until 2026-12-07: feature_recipe("default", spec_block=False), two linear heads
 PREVIOUS = "library, spec_block=False (the default until 2026-12-07)"
+#: the default's blocks and models, their probabilities weighted by out-of-fold stacking
+STACKED = "library, head_weights='stacked'"
 SINGLE_ROWS = (
     "spec (seed: dtg, MLP)",
     "dtg per layer+lam folded, quantile MLP (options)",

@@ -232,7 +232,7 @@ def test_default_choice_never_sees_the_held_out_sweep_and_counts_losses_to_the_s
             seed = 0.9 if (s == "vgg11-digits" and f == 1.0) else 0.5
             cells[f"{s}|{A}"], cells[f"{s}|{B}"], cells[f"{s}|{S}"] = _cell(a, a), _cell(b, b), _cell(seed, 0.5)
         (tmp_path / bdc.cache_name(f)).write_text(json.dumps(cells))
-    bdc.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
+    bdc.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--candidates", A, B])
     doc = json.loads((tmp_path / "out" / "prediction_default_choice.json").read_text())
     chosen = {s: v["chosen"] for s, v in doc["leave_one_sweep_out"].items()}
     # held out lenet5-digits: B wins the other two; held out either other sweep: one each, the tie to A

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from predictor_files import file_parts, write_file
 
 import dtg_gpu
 from dtg_gpu.features import FEATURE_RECIPES, FeatureRecipe, feature_recipe, temporal_features
@@ -240,25 +241,6 @@ def test_block_models_are_validated():
     assert PerformancePredictor(random_state=0).fit(X, y).block_models_ is None
 
 
-def _file_parts(path):
-    import json
-
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()["dtg_predictor"])
-    return load_file(str(path)), meta
-
-
-def _write(path, tensors, meta):
-    import json
-
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
-
-
 @pytest.mark.parametrize(
     "tamper, field",
     [
@@ -278,10 +260,10 @@ def test_a_tampered_block_mlp_file_is_refused_naming_the_field(tmp_path, tamper,
     y = (X[:, 0] > 0).astype(int)
     clf = PerformancePredictor(random_state=0, blocks=(4, 2, 3), block_models=("linear", "mlp", "linear"), epochs=5)
     clf.fit(X, y).save(tmp_path / "ok.safetensors")
-    tensors, meta = _file_parts(tmp_path / "ok.safetensors")
+    tensors, meta = file_parts(tmp_path / "ok.safetensors")
     assert meta["format"] == "dtg_gpu.PerformancePredictor/2"
     tamper(tensors, meta)
-    _write(tmp_path / "bad.safetensors", tensors, meta)
+    write_file(tmp_path / "bad.safetensors", tensors, meta)
     with pytest.raises(CheckpointError, match=f"bad.safetensors: not a valid dtg_gpu predictor file: .*{field}"):
         PerformancePredictor.load(tmp_path / "bad.safetensors")
 
@@ -290,7 +272,7 @@ def test_a_predictor_without_an_mlp_block_keeps_the_first_format(tmp_path):
     X = np.random.default_rng(0).normal(size=(40, 5))
     y = (X[:, 0] > 0).astype(int)
     PerformancePredictor(random_state=0, blocks=(2, 3), epochs=5).fit(X, y).save(tmp_path / "p.safetensors")
-    assert _file_parts(tmp_path / "p.safetensors")[1]["format"] == "dtg_gpu.PerformancePredictor/1"
+    assert file_parts(tmp_path / "p.safetensors")[1]["format"] == "dtg_gpu.PerformancePredictor/1"
 
 
 def test_the_cli_trains_and_predicts_with_the_spec_block(bn_runs, tmp_path):
@@ -334,3 +316,30 @@ def test_the_reports_default_matrix_and_model_are_featurizes(bn_runs):
     assert default_blocks(sf, F.shape[1], cov) == X.column_blocks
     clf = default_predictor(sf, F.shape[1], cov, random_state=0)
     assert (clf.blocks, clf.block_models, clf.random_state) == (X.column_blocks, X.column_block_models, 0)
+
+
+def test_the_cli_trains_with_stacked_head_weights_and_evaluate_passes_them_on(bn_runs, tmp_path, monkeypatch):
+    from dtg_gpu.cli.main import main
+    from dtg_gpu.workflow import verdicts
+
+    pred = tmp_path / "p.safetensors"
+    args = ["train", str(bn_runs.path), "-k", "2", "--out", str(pred), "--epochs", "20", "--head-weights", "stacked"]
+    assert main(args) == 0
+    clf = PerformancePredictor.load(pred)
+    assert clf.head_weights == "stacked" and clf.block_weights_.shape == (3,)
+    assert clf.block_weights_.sum() == pytest.approx(1.0) and (clf.block_weights_ >= 1 / 6 - 1e-9).all()
+    X = dtg_gpu.featurize(bn_runs, 2, device="cpu")
+    heads = clf._block_probabilities(X.double().numpy())
+    np.testing.assert_allclose(clf.predict_runs(bn_runs, device="cpu")[:, 1], heads @ clf.block_weights_, rtol=1e-5)
+    seen = []
+
+    def fake_evaluate(row_clf, X, y, **kw):
+        seen.append(row_clf.get_params()["head_weights"])
+        return {m: {"mean": 0.5, "ci_low": 0.4, "ci_high": 0.6} for m in ("precision", "roc_auc")}
+
+    monkeypatch.setattr(verdicts, "evaluate", fake_evaluate)
+    sf = verdicts.featurize_sweep(bn_runs, device="cpu")
+    verdicts.compare(
+        sf, [2], ["default", "weight_stats", "dtg"], repeats=2, predictor_params={"head_weights": "stacked"}
+    )
+    assert seen == ["stacked", "stacked", "equal"]  # not the seed's MLP of "dtg"

@@ -275,6 +275,16 @@ def _load_and_predict(path: Path) -> None:
     assert proba.shape == (2, len(clf.classes_)) and np.isfinite(proba).all()
 
 
+def _save_load_and_predict(tensors: dict, meta: dict, name: str) -> None:
+    """Write a (mutated) predictor file inside the sandbox; loading it predicts or is refused."""
+    path = INSIDE / name
+    try:
+        save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
+    except (ValueError, TypeError):
+        return
+    _expect_documented(lambda: _load_and_predict(path))
+
+
 PRED_META, PRED_TENSORS = _predictor_seed(
     PerformancePredictor(random_state=0, epochs=3, scaling="quantile", select=3), 4, "p.safetensors"
 )
@@ -337,11 +347,37 @@ def test_fuzz_predictor_files_with_a_block_mlp():
         tensors = {k: v.clone() for k, v in BLOCK_TENSORS.items() if k not in drop}
         if extra is not None:
             tensors[extra] = torch.zeros(3)
-        path = INSIDE / "b.safetensors"
-        try:
-            save_file(tensors, str(path), metadata={"dtg_predictor": json.dumps(meta)})
-        except (ValueError, TypeError):
-            return
-        _expect_documented(lambda: _load_and_predict(path))
+        _save_load_and_predict(tensors, meta, "b.safetensors")
+
+    case()
+
+
+# a predictor file of format /3: the blocks' weights fitted by stacking, beside an MLP block
+STACK_META, STACK_TENSORS = _predictor_seed(
+    PerformancePredictor(
+        random_state=0, epochs=3, blocks=(2, 3, 1), block_models=("linear", "mlp", "linear"), head_weights="stacked"
+    ),
+    6,
+    "s.safetensors",
+)
+
+
+def test_fuzz_predictor_files_with_stacked_head_weights():
+    @FUZZ
+    @given(
+        weights=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), max_size=4),
+        params=st.dictionaries(st.sampled_from(["head_weights", "blocks", "block_models"]), JSON, max_size=2),
+        fmt=st.sampled_from([None, "dtg_gpu.PerformancePredictor/1", "dtg_gpu.PerformancePredictor/2"]),
+        drop=st.lists(st.sampled_from(sorted(STACK_TENSORS)), max_size=1),
+    )
+    def case(weights, params, fmt, drop):
+        meta = json.loads(json.dumps(STACK_META))
+        meta["params"].update(params)
+        if fmt is not None:
+            meta["format"] = fmt
+        tensors = {k: v.clone() for k, v in STACK_TENSORS.items() if k not in drop}
+        if weights:
+            tensors["block_weights"] = torch.tensor(weights, dtype=torch.float64)
+        _save_load_and_predict(tensors, meta, "s.safetensors")
 
     case()

@@ -284,15 +284,25 @@ def _scaling(p: argparse.ArgumentParser) -> None:
         help="option beyond the method: choose the scaling and --select by 3-fold cross-validation "
         "inside each training split (nested; overrides --scaling and --select)",
     )
+    p.add_argument(
+        "--head-weights",
+        choices=("equal", "stacked"),  # predictor.HEAD_WEIGHTS
+        default=None,
+        help="how the default's per-feature-set models are combined: equal (their mean) or stacked "
+        "(weights from 3-fold out-of-fold probabilities of the training split, halfway to equal); "
+        "default: the predictor's",
+    )
 
 
 def _classifier(a: argparse.Namespace) -> Any:
     """The predictor of the command's flags: the default, or the seed's MLP with `--spec`;
-    `--scaling`, `--select`, `--auto` and `--epochs` override."""
+    `--scaling`, `--select`, `--auto`, `--head-weights` and `--epochs` override."""
     from dtg_gpu.predictor.estimator import PerformancePredictor
 
     clf = PerformancePredictor.spec() if getattr(a, "spec", False) else PerformancePredictor()
     changes = {"select": a.select, "auto": a.auto}
+    if getattr(a, "head_weights", None) is not None:
+        changes["head_weights"] = a.head_weights
     if a.scaling is not None:
         changes["scaling"] = a.scaling
     if getattr(a, "epochs", None) is not None:

@@ -84,9 +84,15 @@ def _evaluate_run(a: argparse.Namespace) -> int:
         clf=(
             None  # each row's own: the seed's MLP for dtg, the default classifier for the others
             if a.scaling is None and a.select is None and not a.auto
-            else PerformancePredictor(**({"scaling": a.scaling} if a.scaling else {}), select=a.select, auto=a.auto)
+            else PerformancePredictor(
+                **({"scaling": a.scaling} if a.scaling else {}),
+                **({"head_weights": a.head_weights} if a.head_weights else {}),
+                select=a.select,
+                auto=a.auto,
+            )
         ),
         covariates=a.covariates,
+        predictor_params={"head_weights": a.head_weights} if a.head_weights else None,
     )
     if a.report:
         from dtg_gpu.analysis import analyze

@@ -33,11 +33,52 @@ from dtg_gpu.predictor.persistence import load_predictor, save_predictor
 from dtg_gpu.predictor.scaling import SCALINGS, _f_scores, quantile_normal, training_quantiles
 from dtg_gpu.topology.types import weight_layout
 
-__all__ = ["PerformancePredictor", "FEATURE_FLAGS", "marked_sets"]
+__all__ = ["PerformancePredictor", "FEATURE_FLAGS", "HEAD_WEIGHTS", "marked_sets", "mixture_weights"]
 
 
 #: the recipe's flags a saved predictor records in its feature_settings
 FEATURE_FLAGS = ("per_layer", "eigenvalue", "fold_batchnorm", "weight_stats", "spec_block")
+
+
+#: how the blocks' probabilities are combined (`PerformancePredictor(head_weights=...)`)
+HEAD_WEIGHTS = ("equal", "stacked")
+
+
+def mixture_weights(P: np.ndarray, y: np.ndarray, *, iterations: int = 5000, tol: float = 1e-12) -> np.ndarray:
+    r"""The weights on the simplex whose mixture of the heads' probabilities is most likely.
+
+    Maximises $\sum_n \log \sum_i w_i\, q_{ni}$ with $q_{ni} = P_{ni}$ where $y_n = 1$ and
+    $1 - P_{ni}$ where $y_n = 0$, over $w_i \ge 0$, $\sum_i w_i = 1$: concave in $w$, solved by
+    EM for mixture proportions ($w_i \leftarrow \frac1n \sum_n w_i q_{ni} / \sum_j w_j q_{nj}$,
+    monotone, from equal weights).
+
+    Parameters
+    ----------
+    P : ndarray `[n, h]`
+        Each head's probability of class 1 for each row (out of fold).
+    y : ndarray `[n]` of {0, 1}
+
+    Returns
+    -------
+    ndarray `[h]`
+
+    Examples
+    --------
+    >>> y = np.array([0, 0, 1, 1])
+    >>> P = np.array([[0.1, 0.5], [0.2, 0.5], [0.9, 0.5], [0.8, 0.5]])
+    >>> mixture_weights(P, y).round(3).tolist()
+    [1.0, 0.0]
+    """
+    q = np.clip(np.where(np.asarray(y)[:, None] == 1, P, 1.0 - P), 1e-12, 1.0)
+    w = np.full(q.shape[1], 1.0 / q.shape[1])
+    for _ in range(int(iterations)):
+        r = q * w
+        new = (r / r.sum(1, keepdims=True)).mean(0)
+        done = np.abs(new - w).max() < tol
+        w = new
+        if done:
+            break
+    return w / w.sum()
 
 
 def marked_sets(clf: Any, X: Any) -> dict[str, tuple]:
@@ -127,6 +168,16 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         the mean. `"auto"`: the models [`featurize`][dtg_gpu.featurize] marks
         (`X.column_block_models`: `"mlp"` for the seed's block of `spec_block=True`), else
         all linear. At least one block must be linear.
+    head_weights : {"equal", "stacked"}, default "equal"
+        **Option beyond the method.** How the blocks' probabilities are combined (with
+        `blocks`). `"equal"`: their mean. `"stacked"`: a weighted mean whose weights come from
+        the training data of [`fit`][dtg_gpu.PerformancePredictor.fit] only: every block's model is
+        fitted on `auto_folds - 1` of `auto_folds` stratified folds and predicts the fold left out;
+        $w^\star$ maximises the likelihood of those out-of-fold probabilities' mixture
+        $\sum_i w_i p_i$ over the simplex (a concave problem: EM for mixture proportions,
+        `mixture_weights`); the weights used are halfway between it and equal,
+        $w = (w^\star + 1/h) / 2$, so that ~100 runs cannot hand one block everything. It
+        costs `auto_folds` more fits. Saved in `block_weights_`.
 
     Attributes
     ----------
@@ -154,6 +205,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         The column blocks each with a model of their own, and each block's model.
     block_mlps_ : list of PerformancePredictor
         The fitted seed's MLP of each `"mlp"` block, in block order.
+    block_weights_ : ndarray `[blocks]` or None
+        Each block's weight in the mean (`head_weights`): `1 / h` each for `"equal"`.
 
     Examples
     --------
@@ -183,6 +236,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         auto_folds: int = 3,
         blocks: Any = "auto",
         block_models: Any = "auto",
+        head_weights: str = "equal",
     ):
         self.hidden_sizes = hidden_sizes
         self.epochs = epochs
@@ -200,6 +254,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         self.auto_folds = auto_folds
         self.blocks = blocks
         self.block_models = block_models
+        self.head_weights = head_weights
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -231,6 +286,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 f"'linear'), got {self.block_models!r}"
             )
         check_choice("scaling", self.scaling, SCALINGS)
+        check_choice("head_weights", self.head_weights, HEAD_WEIGHTS)
         if self.select is not None and (not is_int(self.select) or self.select < 1):
             raise ValueError(f"select must be None or a positive integer, got {self.select!r}")
         if self.optimizer not in ("adam", "sgd"):
@@ -307,7 +363,30 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         rows = np.isfinite(Xc).all(1)  # as predict_proba judges them: on the columns read
         self._prepare(Xc[rows], y_enc[rows])
         self._train(Xc[rows], y_enc[rows], seed)
+        self.block_weights_ = None
+        if self.blocks_:
+            h = len(self.blocks_)
+            self.block_weights_ = np.full(h, 1.0 / h)
+            if self.head_weights == "stacked":
+                self.block_weights_ = self._stacked_weights(Xc[rows], y_enc[rows], seed)
         return self
+
+    def _stacked_weights(self, Xf: np.ndarray, yf: np.ndarray, seed: int) -> np.ndarray:
+        """`head_weights="stacked"`: the blocks' weights from out-of-fold probabilities of the
+        finite training rows (see `head_weights`); equal when a class has fewer runs than 2 folds."""
+        from sklearn.model_selection import StratifiedKFold
+
+        h = len(self.blocks_ or ())
+        folds = int(min(self.auto_folds, np.bincount(yf, minlength=2).min()))
+        if folds < 2:
+            return np.full(h, 1.0 / h)
+        params = {**self.get_params(), "head_weights": "equal", "blocks": self.blocks_}
+        params.update(block_models=self.block_models_, random_state=seed)
+        oof = np.empty((yf.size, h))
+        for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed % (2**31)).split(Xf, yf):
+            inner = PerformancePredictor(**params).fit(Xf[train], yf[train])
+            oof[test] = inner._block_probabilities(Xf[test])
+        return (mixture_weights(oof, yf) + 1.0 / h) / 2
 
     def _resolve_blocks(self, marked: Any, d: int) -> tuple[int, ...] | None:
         """The column blocks the fit uses (see `blocks`), or `None` for one model."""
@@ -470,20 +549,33 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         proba = np.zeros((X.shape[0], len(self.classes_)))
         proba[~finite, 0] = 1.0
         if finite.any():
-            xt = torch.as_tensor(self._scale(X[finite]), dtype=torch.float32)
-            with torch.no_grad():
-                out = self.network_(xt)
             if len(self.classes_) == 2:
-                heads = [torch.sigmoid(out).double().numpy()]  # one head, or a column per linear head
-                mlps = iter(getattr(self, "block_mlps_", None) or ())
-                for i, m in enumerate(getattr(self, "block_models_", None) or ()):
-                    if m == "mlp":
-                        heads.append(next(mlps).predict_proba(X[finite][:, self._block_columns(i)])[:, 1:])
-                p = np.concatenate(heads, 1).mean(1)  # every head counts the same
+                heads = self._block_probabilities(X[finite])
+                w = getattr(self, "block_weights_", None)
+                p = heads.mean(1) if w is None else heads @ w  # head_weights: equal, or stacked
                 proba[finite] = np.stack([1 - p, p], 1)
             else:
-                proba[finite] = torch.softmax(out, 1).double().numpy()
+                xt = torch.as_tensor(self._scale(X[finite]), dtype=torch.float32)
+                with torch.no_grad():
+                    proba[finite] = torch.softmax(self.network_(xt), 1).double().numpy()
         return proba
+
+    def _block_probabilities(self, X: np.ndarray) -> np.ndarray:
+        """Each head's probability of the second class, `[rows, heads]` in block order (one
+        column without blocks), for finite rows `X` of the `columns_` (binary labels)."""
+        xt = torch.as_tensor(self._scale(X), dtype=torch.float32)
+        with torch.no_grad():
+            linear = torch.sigmoid(self.network_(xt)).double().numpy()  # one head, or one per linear block
+        models = getattr(self, "block_models_", None)
+        if not models:
+            return linear
+        out = np.empty((X.shape[0], len(models)))
+        out[:, [i for i, m in enumerate(models) if m == "linear"]] = linear
+        mlps = iter(getattr(self, "block_mlps_", None) or ())
+        for i, m in enumerate(models):
+            if m == "mlp":
+                out[:, i] = next(mlps).predict_proba(X[:, self._block_columns(i)])[:, 1]
+        return out
 
     def predict(self, X) -> np.ndarray:
         """The most probable class of each row."""

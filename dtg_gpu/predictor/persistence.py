@@ -19,10 +19,15 @@ from dtg_gpu.predictor.scaling import SCALINGS
 __all__ = ["save_predictor", "load_predictor"]
 
 
-#: the file format: `/1` for every predictor without an MLP block (what older versions read),
-#: `/2` when a block has the seed's MLP of its own (`block_models`), saved as `head<i>.` tensors
-#: and a nested `fitted.block_mlps` entry
-FORMATS = ("dtg_gpu.PerformancePredictor/1", "dtg_gpu.PerformancePredictor/2")
+#: the file format: `/1` for every predictor without an MLP block or fitted head weights (what
+#: older versions read), `/2` when a block has the seed's MLP of its own (`block_models`), saved
+#: as `head<i>.` tensors and a nested `fitted.block_mlps` entry, `/3` when the blocks' weights are
+#: fitted (`head_weights="stacked"`, a `block_weights` tensor; MLP blocks as in `/2`)
+FORMATS = ("dtg_gpu.PerformancePredictor/1", "dtg_gpu.PerformancePredictor/2", "dtg_gpu.PerformancePredictor/3")
+
+#: parameters newer than format /1, left out of a file where they hold their default, so that
+#: a file older versions could have written stays readable by them
+_NEWER_PARAMS = {"block_models": "auto", "head_weights": "equal"}
 
 
 def save_predictor(clf: Any, path: str | os.PathLike) -> None:
@@ -55,6 +60,9 @@ def _parts(clf: Any) -> tuple[dict[str, torch.Tensor], dict]:
         params["block_models"] = [str(m) for m in params["block_models"]]
     if not isinstance(params["random_state"], (int, type(None))):
         params["random_state"] = None
+    for key, default in _NEWER_PARAMS.items():
+        if params.get(key) == default:
+            del params[key]
     models = getattr(clf, "block_models_", None)
     mlps = []
     mlp_blocks = [i for i, m in enumerate(models or ()) if m == "mlp"]
@@ -62,8 +70,11 @@ def _parts(clf: Any) -> tuple[dict[str, torch.Tensor], dict]:
         sub_tensors, sub_meta = _parts(sub)
         tensors.update({f"head{i}.{k}": v for k, v in sub_tensors.items()})
         mlps.append(sub_meta)
+    stacked = clf.head_weights == "stacked" and getattr(clf, "blocks_", None)
+    if stacked:
+        tensors["block_weights"] = torch.as_tensor(np.asarray(clf.block_weights_, dtype=np.float64))
     meta = {
-        "format": FORMATS[1] if mlps else FORMATS[0],
+        "format": FORMATS[2] if stacked else FORMATS[1] if mlps else FORMATS[0],
         "params": params,
         "classes": clf.classes_.tolist(),
         "n_features_in": int(clf.n_features_in_),
@@ -116,11 +127,27 @@ def _from_parts(cls: Any, meta: Any, tensors: dict, bad) -> Any:
     """A predictor from a file's metadata and tensors, every field checked (`bad(why)`
     makes the error that names the file)."""
     clf, classes, d, fitted = _meta_from(cls, meta, bad)
-    own = {k: v for k, v in tensors.items() if not k.startswith("head")}
+    own = {k: v for k, v in tensors.items() if not k.startswith("head") and k != "block_weights"}
     expected, d = _scaling_from(clf, own, d, bad)
     _network_from(clf, own, fitted, classes, d, expected, bad)
     _block_mlps_from(cls, clf, tensors, fitted, meta["format"], bad)
+    _block_weights_from(clf, tensors.get("block_weights"), meta["format"], bad)
     return clf
+
+
+def _block_weights_from(clf: Any, t: torch.Tensor | None, fmt: str, bad) -> None:
+    """The blocks' weights: fitted ones (format /3, `head_weights="stacked"`), else equal."""
+    h = len(clf.blocks_ or ())
+    stacked = fmt == FORMATS[2]
+    if stacked != (clf.head_weights == "stacked" and h > 0) or stacked != (t is not None):
+        raise bad(f"format {FORMATS[2]!r}, head_weights='stacked', blocks and 'block_weights' go together")
+    clf.block_weights_ = np.full(h, 1.0 / h) if h else None
+    if t is None:
+        return
+    w = t.double().numpy() if t.is_floating_point() else np.array([np.nan])
+    if w.shape != (h,) or not np.isfinite(w).all() or (w < 0).any() or abs(w.sum() - 1.0) > 1e-6:
+        raise bad(f"'block_weights' must be {h} non-negative weights adding up to 1")
+    clf.block_weights_ = w
 
 
 def _block_mlps_from(cls: Any, clf: Any, tensors: dict, fitted: dict, fmt: str, bad) -> None:
@@ -133,8 +160,8 @@ def _block_mlps_from(cls: Any, clf: Any, tensors: dict, fitted: dict, fmt: str, 
     clf.block_mlps_ = []
     if mlps is None and not heads and not mlp_index:
         return
-    if fmt != FORMATS[1]:
-        raise bad(f"block MLPs need format {FORMATS[1]!r}")
+    if fmt == FORMATS[0]:
+        raise bad(f"block MLPs need format {FORMATS[1]!r} or {FORMATS[2]!r}")
     if not isinstance(mlps, list) or not mlps or len(mlps) != len(mlp_index):
         raise bad("fitted.block_mlps must hold one entry per 'mlp' block of fitted.block_models")
     if heads != sorted(f"head{i}" for i in mlp_index):

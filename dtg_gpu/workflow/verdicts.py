@@ -313,12 +313,14 @@ def compare(
     clf: PerformancePredictor | None = None,
     covariates: Sequence[str] = (),
     progress: bool = False,
+    predictor_params: dict | None = None,
 ) -> list[dict]:
     """Evaluate every feature set at every `k`; one row per (feature set, k).
 
     `clf`: the classifier of every row; default: the seed's MLP
     ([`PerformancePredictor.spec`][dtg_gpu.PerformancePredictor.spec]) for `dtg` (the seed's method), the default
-    [`PerformancePredictor`][dtg_gpu.PerformancePredictor] for every other set.
+    [`PerformancePredictor`][dtg_gpu.PerformancePredictor] for every other set; `predictor_params`
+    (e.g. `head_weights`) are given to those default predictors, not to the seed's MLP.
 
     `covariates`: known hyper-parameters appended to every feature set (see
     `feature_sets`). Runs that failed to be read or solved (`sf.usable` False) are left out of labels,
@@ -335,9 +337,9 @@ def compare(
             row_clf = clf or (
                 PerformancePredictor.spec()
                 if name == "dtg"
-                else default_predictor(sf, X.shape[1], covariates)
+                else default_predictor(sf, X.shape[1], covariates, **(predictor_params or {}))
                 if name == "default"
-                else PerformancePredictor(blocks=None)
+                else PerformancePredictor(blocks=None, **(predictor_params or {}))
             )
             s = evaluate(row_clf, X[keep], y, repeats=repeats, seed=seed)
             rows.append({"features": name, "k": int(k), "scores": s})
