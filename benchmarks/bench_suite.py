@@ -13,6 +13,8 @@ Usage: python benchmarks/bench_suite.py --root ROOT [--repeats 100] [--out bench
        python benchmarks/bench_prediction.py --suite --root ROOT   (the same)
        python benchmarks/bench_suite.py --root ROOT --transfer   (only the transfer table:
            leave one architecture family out, results/transfer_suite.md)
+       python benchmarks/bench_suite.py --root CHECKS --sweeps NAME --stem prediction_check_NAME
+           (a held-out check sweep trained with `dtg sweep` flags: no default was chosen on it)
 """
 
 from __future__ import annotations
@@ -522,6 +524,14 @@ def main(argv=None) -> None:
     p.add_argument("--stem", default="prediction_suite", help="name of the results page (without .md / .json)")
     p.add_argument("--transfer", action="store_true", help="only the transfer table (transfer_suite.md)")
     p.add_argument(
+        "--sweeps",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the sweep folders under --root to score (default: every preset of the suite); e.g. a held-out "
+        "check sweep that no default was chosen on",
+    )
+    p.add_argument(
         "--fraction", type=float, default=0.25, help="k as a share of the checkpoints (default 0.25; 1: every one)"
     )
     a = p.parse_args(argv)
@@ -530,7 +540,7 @@ def main(argv=None) -> None:
         p.error(f"--fraction must be in (0, 1], got {a.fraction}")
     tag = "" if a.fraction == 0.25 else f"-f{a.fraction:g}"  # caches of other fractions beside the default's
     feats = {}
-    for name in SUITE:
+    for name in a.sweeps or SUITE:
         folder = root / name
         if (folder / "sweep.json").is_file():
             t = time.time()

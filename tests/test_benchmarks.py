@@ -241,3 +241,23 @@ def test_default_choice_never_sees_the_held_out_sweep_and_counts_losses_to_the_s
     assert doc["lost_to_seed"][A]["1.0"] == ["vgg11-digits precision"] and doc["lost_to_seed"][A]["0.25"] == []
     assert doc["goals"] == {}  # no single rows or oracle scored: no goal claimed
     assert "Chosen on 2 of 3 folds" in (tmp_path / "out" / "prediction_default_choice.md").read_text()
+
+
+def test_a_check_sweep_outside_the_suite_is_scored_by_name(tmp_path):
+    """`--sweeps NAME`: a folder under --root that is no preset (a held-out check sweep) is
+    featurised and scored; the suite's presets are not looked for."""
+    import json
+
+    from dtg_gpu.sweeps import SweepConfig, run_sweep
+
+    cfg = SweepConfig(model="lenet5", lrs=(0.003, 0.3), dropouts=(0.0,), seeds=3, epochs=4)
+    run_sweep(cfg, tmp_path / "my-check", progress=False, device="cpu")
+    bench_suite.main(
+        ["--root", str(tmp_path), "--sweeps", "my-check", "--repeats", "3", "--only", "library default"]
+        + ["--out", str(tmp_path / "out"), "--stem", "check"]
+    )
+    doc = json.loads((tmp_path / "out" / "check.json").read_text())
+    assert list(doc["table"]) == ["my-check"] and list(doc["table"]["my-check"]) == [bench_suite.DEFAULT]
+    assert 0 <= doc["table"]["my-check"][bench_suite.DEFAULT]["roc_auc"]["mean"] <= 1
+    assert (tmp_path / "my-check.features.npz").is_file()
+    assert "--sweeps my-check" in (tmp_path / "out" / "check.md").read_text()
