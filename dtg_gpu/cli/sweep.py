@@ -14,7 +14,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
         "--preset",
         default=None,
         choices=tuple(PRESETS),
-        help="a sweep of the benchmark suite; the flags below override its fields",
+        help="a sweep of the benchmark suite (or a check sweep held out of it); the flags below override its fields",
     )
     p.add_argument(
         "--model", default=None, help="lenet5, vgg11/13/16/19, resnet18/34, resnet20/32, mobilenet-s (default lenet5)"

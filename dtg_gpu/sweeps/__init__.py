@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dtg_gpu.sweeps.config import LR_SCHEDULES, OPTIMIZERS, PRESETS, SUITE, SweepConfig
+from dtg_gpu.sweeps.config import CHECKS, LR_SCHEDULES, OPTIMIZERS, PRESETS, SUITE, SweepConfig
 
 _LAZY = {
     "SweepRuns": "dtg_gpu.sweeps.loading",
@@ -41,6 +41,7 @@ __all__ = [
     "tune_cpu_malloc",
     "PRESETS",
     "SUITE",
+    "CHECKS",
     "OPTIMIZERS",
     "LR_SCHEDULES",
 ]

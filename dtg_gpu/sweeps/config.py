@@ -13,7 +13,7 @@ from typing import Any
 
 from dtg_gpu.core.validation import is_int, is_number
 
-__all__ = ["SweepConfig", "PRESETS", "SUITE", "OPTIMIZERS", "LR_SCHEDULES", "lr_factor"]
+__all__ = ["SweepConfig", "PRESETS", "SUITE", "CHECKS", "OPTIMIZERS", "LR_SCHEDULES", "lr_factor"]
 
 #: Optimisers a sweep trains with (`torch.optim.SGD` with momentum, `Adam`, `AdamW`).
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -201,11 +201,25 @@ PRESETS: dict[str, SweepConfig] = {
         lr_schedule="cosine",
         model_kwargs={"width": 8},
     ),
+    # a check sweep, not in the suite: VGG-11 with batch norm on digits under Adam, constant rate
+    "vgg11bn-digits-adam": SweepConfig(
+        model="vgg11",
+        lrs=(0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+        dropouts=(0.0, 0.25, 0.5, 0.75),
+        seeds=3,
+        epochs=16,
+        optimizer="adam",
+        model_kwargs={"width": 1 / 16, "batch_norm": True},
+    ),
 }
 
-#: The benchmark suite: every preset (plain / residual / batch-norm / depthwise nets; SGD
+#: Check sweeps: presets that no default or option was chosen on, held out of `SUITE`; the
+#: default is scored on them afterwards (`bench_suite.py --sweeps NAME`).
+CHECKS: tuple[str, ...] = ("vgg11bn-digits-adam",)
+
+#: The benchmark suite: every other preset (plain / residual / batch-norm / depthwise nets; SGD
 #: constant, step and cosine, Adam, AdamW; digits and shapes).
-SUITE: tuple[str, ...] = tuple(PRESETS)
+SUITE: tuple[str, ...] = tuple(n for n in PRESETS if n not in CHECKS)
 
 
 def lr_factor(cfg: SweepConfig, epoch: int) -> float:
