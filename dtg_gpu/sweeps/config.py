@@ -211,11 +211,20 @@ PRESETS: dict[str, SweepConfig] = {
         optimizer="adam",
         model_kwargs={"width": 1 / 16, "batch_norm": True},
     ),
+    # a check sweep, not in the suite: LeNet-5 on digits under Adam (the method's strong case)
+    "lenet5-digits-adam": SweepConfig(
+        model="lenet5",
+        lrs=(0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+        dropouts=(0.0, 0.25, 0.5, 0.75),
+        seeds=3,
+        epochs=20,
+        optimizer="adam",
+    ),
 }
 
 #: Check sweeps: presets that no default or option was chosen on, held out of `SUITE`; the
 #: default is scored on them afterwards (`bench_suite.py --sweeps NAME`).
-CHECKS: tuple[str, ...] = ("vgg11bn-digits-adam",)
+CHECKS: tuple[str, ...] = ("vgg11bn-digits-adam", "lenet5-digits-adam")
 
 #: The benchmark suite: every other preset (plain / residual / batch-norm / depthwise nets; SGD
 #: constant, step and cosine, Adam, AdamW; digits and shapes).
