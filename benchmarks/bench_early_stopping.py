@@ -43,7 +43,7 @@ from dtg_gpu.core.files import atomic_write  # noqa: E402
 from dtg_gpu.early_stopping.records import many_run_records  # noqa: E402
 from dtg_gpu.integrations.optuna import _STEP, DTGPruner  # noqa: E402
 from dtg_gpu.sweeps import load_sweep  # noqa: E402
-from dtg_gpu.sweeps.config import SUITE  # noqa: E402
+from dtg_gpu.sweeps.config import CHECKS, SUITE  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -229,7 +229,7 @@ def main() -> None:
         "--presets",
         nargs="*",
         default=None,
-        help="with --suite: these presets only (with --merge: add them to the page)",
+        help="with --suite: these presets only, check sweeps (dtg_gpu.sweeps.CHECKS) allowed (with --merge: add them to the page)",
     )
     ap.add_argument("--stem", default=None, help="the results' file name (default early_stopping[_quick][_suite])")
     ap.add_argument("--orderings", type=int, default=20)
@@ -257,10 +257,12 @@ def main() -> None:
     if a.suite:
         if not a.root:
             ap.error("--suite needs --root ROOT (ROOT/NAME for each preset of the suite)")
-        unknown = sorted(set(a.presets or ()) - set(SUITE))
+        unknown = sorted(set(a.presets or ()) - set(SUITE) - set(CHECKS))
         if unknown:
-            ap.error(f"--presets: not in the suite: {', '.join(unknown)}")
-        a.sweeps = [str(Path(a.root) / n) for n in SUITE if a.presets is None or n in a.presets]
+            ap.error(f"--presets: not in the suite or its check sweeps: {', '.join(unknown)}")
+        # the suite by default; a check sweep (held out of the suite) only when named
+        names = SUITE if a.presets is None else [n for n in (*SUITE, *CHECKS) if n in a.presets]
+        a.sweeps = [str(Path(a.root) / n) for n in names]
         a.only = a.only or list(SUITE_METHODS)
         a.curve = a.curve or []
     elif not a.sweeps:
@@ -522,8 +524,9 @@ def write_markdown(results: dict, path: Path, suite: bool = False) -> None:
     if suite:
         lines[2] = lines[2].replace(
             "`python benchmarks/bench_early_stopping.py SWEEP ...`",
-            "`python benchmarks/bench_early_stopping.py --suite --root ROOT` (the sweeps of "
-            f"`dtg_gpu.sweeps.config.SUITE`, {len(results['sweeps'])} here, each trained with "
+            "`python benchmarks/bench_early_stopping.py --suite --root ROOT [--presets NAME ...]` (the sweeps of "
+            f"`dtg_gpu.sweeps.config.SUITE`{' or its check sweeps, `CHECKS`' if set(results['sweeps']) & set(CHECKS) else ''}, "
+            f"{len(results['sweeps'])} here: {', '.join(results['sweeps'])}; each trained with "
             "`dtg sweep --preset NAME`)",
         )
         lines += goals(results)
