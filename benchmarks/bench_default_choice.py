@@ -169,10 +169,24 @@ def main(argv=None) -> None:
     p.add_argument("--candidates", nargs="+", default=[bs.PREVIOUS, bs.DEFAULT, bs.STACKED])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--stem", default="prediction_default_choice")
+    p.add_argument(
+        "--checks-root",
+        default=None,
+        help="also count the check sweeps (dtg_gpu.sweeps.CHECKS) scored under this folder: a what-if of the "
+        "choice with them, since they were held out of it",
+    )
     a = p.parse_args(argv)
     t = tables(Path(a.root))
+    names = list(bs.SUITE)
+    if a.checks_root:
+        from dtg_gpu.sweeps.config import CHECKS
+
+        for f, tab in tables(Path(a.checks_root)).items():
+            if f in t:
+                t[f].update({s: row for s, row in tab.items() if s in CHECKS})
+        names += list(CHECKS)
     needed = [*a.candidates, bs.SEED]
-    sweeps = [s for s in bs.SUITE if all(s in tab and all(c in tab[s] for c in needed) for tab in t.values())]
+    sweeps = [s for s in names if all(s in tab and all(c in tab[s] for c in needed) for tab in t.values())]
     if not t or not sweeps:
         p.error(f"no sweep has every candidate scored at every fraction in {a.root}")
     t = {f: {s: tab[s] for s in sweeps} for f, tab in t.items()}

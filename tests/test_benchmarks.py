@@ -261,3 +261,31 @@ def test_a_check_sweep_outside_the_suite_is_scored_by_name(tmp_path):
     assert 0 <= doc["table"]["my-check"][bench_suite.DEFAULT]["roc_auc"]["mean"] <= 1
     assert (tmp_path / "my-check.features.npz").is_file()
     assert "--sweeps my-check" in (tmp_path / "out" / "check.md").read_text()
+
+
+def test_default_choice_counts_check_sweeps_only_when_asked(tmp_path):
+    """`--checks-root`: the check sweeps' cells join the suite's (a what-if of the choice with
+    them); without it the choice sees the suite only, even if a cache names a check sweep."""
+    import json
+
+    import bench_default_choice as bdc
+
+    from dtg_gpu.sweeps.config import CHECKS
+
+    A, B, S = bench_suite.PREVIOUS, bench_suite.DEFAULT, bench_suite.SEED
+    suite, checks = tmp_path / "suite", tmp_path / "checks"
+    for root, names in ((suite, ["lenet5-digits", "vgg11-digits", CHECKS[0]]), (checks, list(CHECKS))):
+        root.mkdir()
+        for f in bdc.FRACTIONS:
+            cells = {f"{s}|{c}": _cell(0.8, 0.8) for s in names for c in (A, B, S)}
+            (root / bdc.cache_name(f)).write_text(json.dumps(cells))
+    args = ["--root", str(suite), "--out", str(tmp_path / "out"), "--candidates", A, B]
+    bdc.main(args)
+    assert json.loads((tmp_path / "out" / "prediction_default_choice.json").read_text())["sweeps"] == [
+        "lenet5-digits",
+        "vgg11-digits",
+    ]
+    bdc.main(args + ["--checks-root", str(checks)])
+    doc = json.loads((tmp_path / "out" / "prediction_default_choice.json").read_text())
+    assert doc["sweeps"] == ["lenet5-digits", "vgg11-digits", *CHECKS]
+    assert set(doc["leave_one_sweep_out"]) == set(doc["sweeps"])
