@@ -75,6 +75,7 @@ def _evaluate_run(a: argparse.Namespace) -> int:
         from dtg_gpu.exceptions import InsufficientCheckpointsError
 
         raise InsufficientCheckpointsError(f"--timesteps {k}: the sweep's runs have only {sf.timesteps} checkpoints")
+    weights = {"head_weights": a.head_weights} if a.head_weights else {}
     rows = compare(
         sf,
         [k],
@@ -85,14 +86,11 @@ def _evaluate_run(a: argparse.Namespace) -> int:
             None  # each row's own: the seed's MLP for dtg, the default classifier for the others
             if a.scaling is None and a.select is None and not a.auto
             else PerformancePredictor(
-                **({"scaling": a.scaling} if a.scaling else {}),
-                **({"head_weights": a.head_weights} if a.head_weights else {}),
-                select=a.select,
-                auto=a.auto,
+                **({"scaling": a.scaling} if a.scaling else {}), **weights, select=a.select, auto=a.auto
             )
         ),
         covariates=a.covariates,
-        predictor_params={"head_weights": a.head_weights} if a.head_weights else None,
+        predictor_params=weights,
     )
     if a.report:
         from dtg_gpu.analysis import analyze

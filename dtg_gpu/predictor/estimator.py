@@ -371,19 +371,27 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 self.block_weights_ = self._stacked_weights(Xc[rows], y_enc[rows], seed)
         return self
 
+    def _inner_splits(self, X: np.ndarray, y: np.ndarray, seed: int) -> list:
+        """Stratified `auto_folds`-fold splits of training rows (encoded labels `y`), seeded; at
+        most as many folds as the smaller class has runs, none below two (`auto`, stacking)."""
+        from sklearn.model_selection import StratifiedKFold
+
+        folds = int(min(self.auto_folds, np.bincount(y, minlength=2).min()))
+        if folds < 2:
+            return []
+        return list(StratifiedKFold(folds, shuffle=True, random_state=seed % (2**31)).split(X, y))
+
     def _stacked_weights(self, Xf: np.ndarray, yf: np.ndarray, seed: int) -> np.ndarray:
         """`head_weights="stacked"`: the blocks' weights from out-of-fold probabilities of the
         finite training rows (see `head_weights`); equal when a class has fewer runs than 2 folds."""
-        from sklearn.model_selection import StratifiedKFold
-
         h = len(self.blocks_ or ())
-        folds = int(min(self.auto_folds, np.bincount(yf, minlength=2).min()))
-        if folds < 2:
+        splits = self._inner_splits(Xf, yf, seed)
+        if not splits:
             return np.full(h, 1.0 / h)
         params = {**self.get_params(), "head_weights": "equal", "blocks": self.blocks_}
         params.update(block_models=self.block_models_, random_state=seed)
         oof = np.empty((yf.size, h))
-        for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed % (2**31)).split(Xf, yf):
+        for train, test in splits:
             inner = PerformancePredictor(**params).fit(Xf[train], yf[train])
             oof[test] = inner._block_probabilities(Xf[test])
         return (mixture_weights(oof, yf) + 1.0 / h) / 2
@@ -431,10 +439,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         """`auto`: the (scaling, select, columns) with the best mean ROC AUC over stratified
         folds of the training rows `X` (finite, encoded labels `y`)."""
         from sklearn.metrics import roc_auc_score
-        from sklearn.model_selection import StratifiedKFold
 
         sets = {"all": list(range(X.shape[1]))} if self.column_sets is None else dict(self.column_sets)
-        folds = int(min(self.auto_folds, np.bincount(y).min()))
         seed = self._seed()
         candidates = [
             (name, scaling, select)
@@ -445,8 +451,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         ]
         self.auto_scores_ = []
         best, best_score = candidates[0], -np.inf
-        if folds >= 2 and len(candidates) > 1:
-            splits = list(StratifiedKFold(folds, shuffle=True, random_state=seed % (2**31)).split(X, y))
+        splits = self._inner_splits(X, y, seed) if len(candidates) > 1 else []
+        if splits:
             for name, scaling, select in candidates:
                 cols = np.asarray(sets[name], dtype=int)
                 scores = []
