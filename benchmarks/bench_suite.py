@@ -107,8 +107,8 @@ def candidates():
 
     return {
         DEFAULT: (["layer_lam_folded", "ws", "spec_folded"], "library"),
-        PREVIOUS: (["layer_lam_folded", "ws"], "library"),
-        STACKED: (["layer_lam_folded", "ws", "spec_folded"], "library-stacked"),
+        EQUAL: (["layer_lam_folded", "ws", "spec_folded"], "library-equal"),
+        PREVIOUS: (["layer_lam_folded", "ws"], "library-equal"),
         "spec (seed: dtg, MLP)": (["spec"], lambda: PerformancePredictor.spec(random_state=0)),
         "dtg per layer+lam folded, quantile MLP (options)": (
             ["layer_lam_folded"],
@@ -193,7 +193,7 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     X = matrix(f, blocks)[keep]
     X = np.where(np.isfinite(X), X, np.nan)
     good = np.isfinite(X).all(1)  # diverged runs: insufficient by rule, as the predictor does
-    if make in ("avg", "library", "library-stacked", "mixed"):
+    if make in ("avg", "library", "library-equal", "mixed"):
         widths = tuple(matrix(f, [b]).shape[1] for b in blocks)
         if make == "avg":
             clf = Averaged(widths)
@@ -204,8 +204,8 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
 
             models = tuple("mlp" if b == "spec_folded" else "linear" for b in blocks)  # spec_block: the seed's MLP
             clf = PerformancePredictor(random_state=0, blocks=widths, block_models=models)
-            if make == "library-stacked":
-                clf.set_params(head_weights="stacked")
+            if make == "library-equal":  # the defaults before stacked head weights
+                clf.set_params(head_weights="equal")
     else:
         clf = make()
     X = np.where(good[:, None], X, 0.0) if not hasattr(clf, "scaling") else X
@@ -215,12 +215,13 @@ def score(f: dict, name: str, spec, repeats: int) -> dict:
     return {m: {k: float(s[m][k]) for k in ("mean", "ci_low", "ci_high")} for m in ("precision", "roc_auc")}
 
 
-#: featurize's default recipe (spec_block=True since 2026-12-07) + PerformancePredictor()
+#: featurize's default recipe (spec_block=True) + PerformancePredictor() (head_weights="stacked"
+#: since 2026-12-07, evening: this row's cells before that are the EQUAL row's)
 DEFAULT = "library default (featurize + PerformancePredictor)"
-#: the default until 2026-12-07: feature_recipe("default", spec_block=False), two linear heads
+#: the default of 2026-12-07 (spec_block=True, three heads) with head_weights="equal": their mean
+EQUAL = "library, head_weights='equal' (the default of 2026-12-07)"
+#: the default until 2026-12-07: feature_recipe("default", spec_block=False), two linear heads, equal
 PREVIOUS = "library, spec_block=False (the default until 2026-12-07)"
-#: the default's blocks and models, their probabilities weighted by out-of-fold stacking
-STACKED = "library, head_weights='stacked'"
 SINGLE_ROWS = (
     "spec (seed: dtg, MLP)",
     "dtg per layer+lam folded, quantile MLP (options)",

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -240,7 +241,11 @@ def test_default_choice_never_sees_the_held_out_sweep_and_counts_losses_to_the_s
     assert doc["leave_one_sweep_out"]["lenet5-digits"]["held_out"]["1.0"]["precision"] == 0.5
     assert doc["lost_to_seed"][A]["1.0"] == ["vgg11-digits precision"] and doc["lost_to_seed"][A]["0.25"] == []
     assert doc["goals"] == {}  # no single rows or oracle scored: no goal claimed
-    assert "Chosen on 2 of 3 folds" in (tmp_path / "out" / "prediction_default_choice.md").read_text()
+    md = (tmp_path / "out" / "prediction_default_choice.md").read_text()
+    assert "Chosen on 2 of 3 folds" in md
+    # the rule on every sweep, what the default is chosen by: B ranks first on 2 of the 3 sweeps
+    assert doc["mean_rank"] == pytest.approx({A: 4 / 6, B: 2 / 6})
+    assert f"chosen: **{B}**" in md
 
 
 def test_a_check_sweep_outside_the_suite_is_scored_by_name(tmp_path):

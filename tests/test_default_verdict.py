@@ -140,13 +140,15 @@ def test_featurize_marks_its_feature_sets_and_the_default_gives_each_a_model(bn_
     a, b, s, _ = X.column_blocks
     assert w[0, a:].abs().sum() == 0 and w[1, :a].abs().sum() == 0 and w[1, a + b :].abs().sum() == 0
     assert w[:, a + b : a + b + s].abs().sum() == 0  # the seed's block is the MLP's alone
-    # the mean of the four heads' probabilities, saved and read back as it was
+    # the four heads' probabilities weighted by the stacked weights, saved and read back as it was
     Xn = X.double().numpy()
     p = clf.predict_proba(Xn)[:, 1]
     z = torch.as_tensor(clf._scale(Xn), dtype=torch.float32)
     p_lin = torch.sigmoid(clf.network_(z)).detach().double().numpy()
     p_mlp = clf.block_mlps_[0].predict_proba(Xn[:, a + b : a + b + s])[:, 1]
-    np.testing.assert_allclose(p, (p_lin.sum(1) + p_mlp) / 4, rtol=1e-6)
+    w = clf.block_weights_
+    assert clf.head_weights == "stacked" and w.shape == (4,) and w.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(p, np.c_[p_lin[:, :2], p_mlp, p_lin[:, 2]] @ w, rtol=1e-6)
     clf.save(tmp_path / "p.safetensors")
     back = PerformancePredictor.load(tmp_path / "p.safetensors")
     assert back.blocks_ == clf.blocks_
@@ -182,7 +184,7 @@ def _attribute_at_each_fit(monkeypatch, clf, attribute: str, **marks) -> list:
 
 def test_evaluate_passes_featurizes_sets_to_the_default_predictor(monkeypatch):
     seen = _attribute_at_each_fit(monkeypatch, PerformancePredictor(), "blocks_", column_blocks=(4, 2))
-    assert seen == [(4, 2), (4, 2)]
+    assert seen == [(4, 2)] * 8  # each split's predictor, after its 3 inner fits for the stacked weights
 
 
 # ---------------------------------------------------------------- the seed's block (spec_block)
@@ -205,7 +207,9 @@ def test_an_mlp_block_is_the_seeds_mlp_on_its_columns_averaged_with_the_linear_h
     rng = np.random.default_rng(1)
     X = rng.normal(size=(90, 9))
     y = (X[:, 0] + X[:, 7] > 0).astype(int)
-    clf = PerformancePredictor(random_state=4, blocks=(4, 2, 3), block_models=("linear", "mlp", "linear"))
+    clf = PerformancePredictor(
+        random_state=4, blocks=(4, 2, 3), block_models=("linear", "mlp", "linear"), head_weights="equal"
+    )
     clf.fit(X, y)
     assert clf.block_models_ == ("linear", "mlp", "linear") and clf.network_.linear.weight.shape == (2, 9)
     # the linear heads never read the MLP's block
@@ -258,7 +262,8 @@ def test_a_tampered_block_mlp_file_is_refused_naming_the_field(tmp_path, tamper,
 
     X = np.random.default_rng(2).normal(size=(60, 9))
     y = (X[:, 0] > 0).astype(int)
-    clf = PerformancePredictor(random_state=0, blocks=(4, 2, 3), block_models=("linear", "mlp", "linear"), epochs=5)
+    models = ("linear", "mlp", "linear")
+    clf = PerformancePredictor(random_state=0, blocks=(4, 2, 3), block_models=models, epochs=5, head_weights="equal")
     clf.fit(X, y).save(tmp_path / "ok.safetensors")
     tensors, meta = file_parts(tmp_path / "ok.safetensors")
     assert meta["format"] == "dtg_gpu.PerformancePredictor/2"
@@ -271,7 +276,8 @@ def test_a_tampered_block_mlp_file_is_refused_naming_the_field(tmp_path, tamper,
 def test_a_predictor_without_an_mlp_block_keeps_the_first_format(tmp_path):
     X = np.random.default_rng(0).normal(size=(40, 5))
     y = (X[:, 0] > 0).astype(int)
-    PerformancePredictor(random_state=0, blocks=(2, 3), epochs=5).fit(X, y).save(tmp_path / "p.safetensors")
+    clf = PerformancePredictor(random_state=0, blocks=(2, 3), epochs=5, head_weights="equal")
+    clf.fit(X, y).save(tmp_path / "p.safetensors")
     assert file_parts(tmp_path / "p.safetensors")[1]["format"] == "dtg_gpu.PerformancePredictor/1"
 
 
@@ -297,7 +303,8 @@ def test_the_cli_trains_and_predicts_with_the_spec_block(bn_runs, tmp_path):
 
 def test_evaluate_passes_featurizes_block_models_to_the_predictor(monkeypatch):
     marks = {"column_blocks": (4, 2), "column_block_models": ("linear", "mlp")}
-    seen = _attribute_at_each_fit(monkeypatch, PerformancePredictor(epochs=5), "block_models_", **marks)
+    clf = PerformancePredictor(epochs=5, head_weights="equal")  # no inner fits of stacking in between
+    seen = _attribute_at_each_fit(monkeypatch, clf, "block_models_", **marks)
     # each split's predictor, and inside it the block's own MLP (no blocks of its own)
     assert seen == [None, ("linear", "mlp")] * 2
 
@@ -323,8 +330,12 @@ def test_the_cli_trains_with_stacked_head_weights_and_evaluate_passes_them_on(bn
     from dtg_gpu.workflow import verdicts
 
     pred = tmp_path / "p.safetensors"
-    args = ["train", str(bn_runs.path), "-k", "2", "--out", str(pred), "--epochs", "20", "--head-weights", "stacked"]
-    assert main(args) == 0
+    args = ["train", str(bn_runs.path), "-k", "2", "--out", str(pred), "--epochs", "20"]
+    assert main([*args, "--head-weights", "equal"]) == 0
+    eq = PerformancePredictor.load(pred)
+    assert eq.head_weights == "equal" and file_parts(pred)[1]["format"] == "dtg_gpu.PerformancePredictor/2"
+    np.testing.assert_allclose(eq.block_weights_, [1 / 3] * 3)
+    assert main(args) == 0  # stacked: the default
     clf = PerformancePredictor.load(pred)
     assert clf.head_weights == "stacked" and clf.block_weights_.shape == (3,)
     assert clf.block_weights_.sum() == pytest.approx(1.0) and (clf.block_weights_ >= 1 / 6 - 1e-9).all()
@@ -339,7 +350,8 @@ def test_the_cli_trains_with_stacked_head_weights_and_evaluate_passes_them_on(bn
 
     monkeypatch.setattr(verdicts, "evaluate", fake_evaluate)
     sf = verdicts.featurize_sweep(bn_runs, device="cpu")
-    verdicts.compare(
-        sf, [2], ["default", "weight_stats", "dtg"], repeats=2, predictor_params={"head_weights": "stacked"}
-    )
-    assert seen == ["stacked", "stacked", "equal"]  # not the seed's MLP of "dtg"
+    verdicts.compare(sf, [2], ["default", "weight_stats", "dtg"], repeats=2)
+    assert seen == ["stacked", "stacked", "equal"]  # the seed's MLP of "dtg": one network, SPEC_PARAMS
+    seen.clear()
+    verdicts.compare(sf, [2], ["default", "weight_stats", "dtg"], repeats=2, predictor_params={"head_weights": "equal"})
+    assert seen == ["equal", "equal", "equal"]

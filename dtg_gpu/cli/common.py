@@ -33,7 +33,7 @@ def _spec_flag(p: argparse.ArgumentParser, what: str = "features") -> None:
         + "; default: the suite's best recipe (per-layer statistics and log lambda_1 of the graph with "
         "batch norm folded, weight statistics, the seed's five statistics as a block of their own"
         + (
-            "; a logistic regression on quantile-scaled features per set, the seed's MLP on its block, averaged)"
+            "; a logistic regression on quantile-scaled features per set, the seed's MLP on its block, weighted by out-of-fold stacking)"
             if what != "features"
             else ")"
         ),
@@ -286,11 +286,11 @@ def _scaling(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--head-weights",
-        choices=("equal", "stacked"),  # predictor.HEAD_WEIGHTS
+        choices=("stacked", "equal"),  # predictor.HEAD_WEIGHTS
         default=None,
-        help="how the default's per-feature-set models are combined: equal (their mean) or stacked "
-        "(weights from 3-fold out-of-fold probabilities of the training split, halfway to equal); "
-        "default: the predictor's",
+        help="how the default's per-feature-set models are combined: stacked (the default: weights "
+        "from 3-fold out-of-fold probabilities of the training split, halfway to equal) or equal "
+        "(their mean, the default until 2026-12-07)",
     )
 
 

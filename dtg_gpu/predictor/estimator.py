@@ -153,7 +153,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     auto_folds : int, default 3
     blocks : "auto", sequence of int or None, default "auto"
         Column blocks (feature sets, in order) that each get a model of their own, their
-        probabilities averaged: one small model per set rather than one on every column.
+        probabilities combined (`head_weights`): one small model per set rather than one on every column.
         `"auto"`: the blocks [`featurize`][dtg_gpu.featurize] marks on its default features
         (`X.column_blocks`: the DTG columns, the weight statistics, the seed's block, the
         covariates), and
@@ -164,20 +164,21 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         logistic regression on the predictor's `scaling` with its `weight_decay`; `"mlp"`, the
         seed's MLP on that block alone ([`SPEC_PARAMS`][dtg_gpu.PerformancePredictor.SPEC_PARAMS]:
         32 hidden units, standard scaling, weight decay 1e-4, with this predictor's epochs,
-        batch size, optimiser and learning rate). Every head's probability counts the same in
-        the mean. `"auto"`: the models [`featurize`][dtg_gpu.featurize] marks
+        batch size, optimiser and learning rate). The heads' probabilities are combined as
+        `head_weights` says. `"auto"`: the models [`featurize`][dtg_gpu.featurize] marks
         (`X.column_block_models`: `"mlp"` for the seed's block of `spec_block=True`), else
         all linear. At least one block must be linear.
-    head_weights : {"equal", "stacked"}, default "equal"
-        **Option beyond the method.** How the blocks' probabilities are combined (with
-        `blocks`). `"equal"`: their mean. `"stacked"`: a weighted mean whose weights come from
-        the training data of [`fit`][dtg_gpu.PerformancePredictor.fit] only: every block's model is
-        fitted on `auto_folds - 1` of `auto_folds` stratified folds and predicts the fold left out;
-        $w^\star$ maximises the likelihood of those out-of-fold probabilities' mixture
-        $\sum_i w_i p_i$ over the simplex (a concave problem: EM for mixture proportions,
-        `mixture_weights`); the weights used are halfway between it and equal,
-        $w = (w^\star + 1/h) / 2$, so that ~100 runs cannot hand one block everything. It
-        costs `auto_folds` more fits. Saved in `block_weights_`.
+    head_weights : {"stacked", "equal"}, default "stacked"
+        How the blocks' probabilities are combined (with `blocks`). `"stacked"`: a weighted
+        mean whose weights come from the training data of [`fit`][dtg_gpu.PerformancePredictor.fit]
+        only: every block's model is fitted on `auto_folds - 1` of `auto_folds` stratified folds
+        and predicts the fold left out; $w^\star$ maximises the likelihood of those out-of-fold
+        probabilities' mixture $\sum_i w_i p_i$ over the simplex (a concave problem: EM for
+        mixture proportions, `mixture_weights`); the weights used are halfway between it and
+        equal, $w = (w^\star + 1/h) / 2$, so that ~100 runs cannot hand one block everything.
+        It costs `auto_folds` more fits; equal weights when a class has fewer than 2 runs.
+        `"equal"`: their plain mean (the default until 2026-12-07; chosen against it on ten
+        sweeps, `benchmarks/results/prediction_default_choice.md`). Saved in `block_weights_`.
 
     Attributes
     ----------
@@ -206,7 +207,8 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
     block_mlps_ : list of PerformancePredictor
         The fitted seed's MLP of each `"mlp"` block, in block order.
     block_weights_ : ndarray `[blocks]` or None
-        Each block's weight in the mean (`head_weights`): `1 / h` each for `"equal"`.
+        Each block's weight in the mean (`head_weights`): fitted for `"stacked"`, `1 / h` each
+        for `"equal"`.
 
     Examples
     --------
@@ -236,7 +238,7 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
         auto_folds: int = 3,
         blocks: Any = "auto",
         block_models: Any = "auto",
-        head_weights: str = "equal",
+        head_weights: str = "stacked",
     ):
         self.hidden_sizes = hidden_sizes
         self.epochs = epochs
@@ -312,8 +314,16 @@ class PerformancePredictor(ClassifierMixin, BaseEstimator):
                 if isinstance(cols, (str, bytes)) or not len(cols) or not all(is_int(c) and c >= 0 for c in cols):
                     raise ValueError(f"column_sets[{name!r}] must be a non-empty list of column indices, got {cols!r}")
 
-    #: The seed's classifier (step 5 of docs/method.md): an MLP with one hidden layer of 32, standard scaling.
-    SPEC_PARAMS: dict[str, Any] = {"hidden_sizes": (32,), "scaling": "standard", "weight_decay": 1e-4, "blocks": None}
+    #: The seed's classifier (step 5 of docs/method.md): an MLP with one hidden layer of 32, standard
+    #: scaling. One network, so no heads to weight: `head_weights="equal"` only keeps its files free of
+    #: the newer parameter (format /1, as older versions wrote and read them).
+    SPEC_PARAMS: dict[str, Any] = {
+        "hidden_sizes": (32,),
+        "scaling": "standard",
+        "weight_decay": 1e-4,
+        "blocks": None,
+        "head_weights": "equal",
+    }
 
     @classmethod
     def spec(cls, **params: Any) -> "PerformancePredictor":

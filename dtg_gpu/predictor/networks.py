@@ -1,4 +1,4 @@
-"""The predictor's torch networks: a small MLP, or one linear head per feature block, averaged (one model per feature set); run on one CPU thread for reproducibility."""
+"""The predictor's torch networks: a small MLP, or one linear head per feature block (one model per feature set; the estimator weights their probabilities); run on one CPU thread for reproducibility."""
 
 from __future__ import annotations
 

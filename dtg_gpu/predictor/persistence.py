@@ -25,8 +25,11 @@ __all__ = ["save_predictor", "load_predictor"]
 #: fitted (`head_weights="stacked"`, a `block_weights` tensor; MLP blocks as in `/2`)
 FORMATS = ("dtg_gpu.PerformancePredictor/1", "dtg_gpu.PerformancePredictor/2", "dtg_gpu.PerformancePredictor/3")
 
-#: parameters newer than format /1, left out of a file where they hold their default, so that
-#: a file older versions could have written stays readable by them
+#: parameters newer than format /1 and the value a file that does not name them means (what
+#: every predictor did before the parameter existed): left out of a file where they hold that
+#: value, so that a file older versions could have written stays readable by them, and filled
+#: in on reading (`head_weights` is `"stacked"` by default since 2026-12-07, but a file without
+#: it was written with equal weights)
 _NEWER_PARAMS = {"block_models": "auto", "head_weights": "equal"}
 
 
@@ -193,6 +196,8 @@ def _meta_from(cls: Any, meta: Any, bad) -> tuple[Any, list, int, dict]:
             params[key] = tuple(params[key])
     if params.get("feature_settings") is not None and not isinstance(params["feature_settings"], dict):
         raise bad("feature_settings must be an object")
+    for key, absent in _NEWER_PARAMS.items():
+        params.setdefault(key, absent)
     try:
         clf = cls(**params)
         clf._check_params()

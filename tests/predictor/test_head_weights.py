@@ -1,5 +1,6 @@
-"""`PerformancePredictor(head_weights="stacked")`: the blocks' probabilities weighted by
-out-of-fold stacking on the training data, and `mixture_weights`, the convex problem under it."""
+"""`PerformancePredictor(head_weights="stacked")` (the default since 2026-12-07): the blocks'
+probabilities weighted by out-of-fold stacking on the training data, and `mixture_weights`, the
+convex problem under it; `head_weights="equal"`, their plain mean."""
 
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def _data(n=120, seed=0):
 def test_stacked_weights_favour_the_block_with_the_signal_and_are_what_predictions_use(tmp_path):
     X, y = _data()
     kw = dict(random_state=0, blocks=(3, 3, 3), block_models=("linear", "linear", "mlp"), epochs=60)
-    eq = PerformancePredictor(**kw).fit(X, y)
-    st = PerformancePredictor(**kw, head_weights="stacked").fit(X, y)
+    eq = PerformancePredictor(**kw, head_weights="equal").fit(X, y)
+    st = PerformancePredictor(**kw).fit(X, y)
+    assert st.head_weights == "stacked"  # the default
     np.testing.assert_allclose(eq.block_weights_, [1 / 3] * 3)
     w = st.block_weights_
     assert w.sum() == pytest.approx(1.0) and w.argmax() == 1
@@ -73,7 +75,7 @@ def test_stacked_weights_favour_the_block_with_the_signal_and_are_what_predictio
 
     oof = np.empty((len(y), 3))
     for tr, te in StratifiedKFold(3, shuffle=True, random_state=0).split(X, y):
-        oof[te] = PerformancePredictor(**kw).fit(X[tr], y[tr])._block_probabilities(X[te])
+        oof[te] = PerformancePredictor(**kw, head_weights="equal").fit(X[tr], y[tr])._block_probabilities(X[te])
     np.testing.assert_allclose(w, (mixture_weights(oof, y) + 1 / 3) / 2, rtol=1e-6)
     # saved (format /3) and read back as it was
     st.save(tmp_path / "s.safetensors")
@@ -108,6 +110,7 @@ def test_head_weights_are_validated_and_need_blocks_to_matter():
         (lambda t, m: t.update(block_weights=torch.tensor([0, 1], dtype=torch.int64)), "block_weights"),
         (lambda t, m: t.pop("block_weights"), "go together"),
         (lambda t, m: m["params"].update(head_weights="equal"), "go together"),
+        (lambda t, m: m["params"].pop("head_weights"), "go together"),  # a file without it means equal
         (lambda t, m: m.update(format="dtg_gpu.PerformancePredictor/1"), "go together"),
         (lambda t, m: m["params"].update(head_weights="learned"), "head_weights"),
     ],
@@ -124,15 +127,31 @@ def test_a_tampered_stacked_file_is_refused_naming_the_field(tmp_path, tamper, f
 
 
 def test_files_older_versions_could_write_name_no_newer_parameter(tmp_path):
-    """A predictor at the defaults of `block_models` and `head_weights` writes the parameters
-    format /1 had (what dtg_gpu read before block models), so older readers still load it."""
+    """A predictor with `block_models="auto"` and `head_weights="equal"` writes the parameters
+    format /1 had (what dtg_gpu read before block models), so older readers still load it; a
+    file that does not name `head_weights` was written with equal weights and reads back so,
+    whatever the default is now."""
     before = {
         "hidden_sizes", "epochs", "batch_size", "optimizer", "learning_rate", "weight_decay", "random_state",
         "device", "feature_settings", "scaling", "select", "auto", "column_sets", "auto_folds", "blocks",
     }  # fmt: skip
     X, y = _data(40)
-    PerformancePredictor(random_state=0, blocks=(4, 5), epochs=5).fit(X, y).save(tmp_path / "p.safetensors")
+    eq = PerformancePredictor(random_state=0, blocks=(4, 5), head_weights="equal", epochs=5).fit(X, y)
+    eq.save(tmp_path / "p.safetensors")
     meta = file_parts(tmp_path / "p.safetensors")[1]
     assert meta["format"] == "dtg_gpu.PerformancePredictor/1" and set(meta["params"]) <= before
     back = PerformancePredictor.load(tmp_path / "p.safetensors")
     assert back.block_models == "auto" and back.head_weights == "equal"
+    np.testing.assert_allclose(back.predict_proba(X), eq.predict_proba(X))
+
+
+def test_the_default_writes_its_fitted_weights_and_names_them(tmp_path):
+    X, y = _data(60)
+    clf = PerformancePredictor(random_state=0, blocks=(4, 5), epochs=5).fit(X, y)
+    clf.save(tmp_path / "d.safetensors")
+    meta = file_parts(tmp_path / "d.safetensors")[1]
+    assert meta["format"] == "dtg_gpu.PerformancePredictor/3" and meta["params"]["head_weights"] == "stacked"
+    back = PerformancePredictor.load(tmp_path / "d.safetensors")
+    assert back.head_weights == "stacked"
+    np.testing.assert_allclose(back.block_weights_, clf.block_weights_)
+    np.testing.assert_allclose(back.predict_proba(X), clf.predict_proba(X))

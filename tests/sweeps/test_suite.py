@@ -100,6 +100,9 @@ def test_adamw_step_sweep_trains_and_records_its_recipe(tmp_path):
 def test_suite_covers_the_families_it_promises():
     assert SUITE == tuple(n for n in PRESETS if n not in CHECKS) and len(SUITE) >= 8
     assert CHECKS and set(CHECKS) <= set(PRESETS)  # check sweeps: presets held out of the suite
+    for name in CHECKS:
+        PRESETS[name].validate()
+        assert len(PRESETS[name].grid()) >= 96
     cfgs = [PRESETS[n] for n in SUITE]
     for cfg in cfgs:
         cfg.validate()
