@@ -111,14 +111,22 @@ class SweepConfig:
         ]
 
 
+#: Grids the presets share (learning rates for SGD on LeNet-5, SGD on the batch-norm nets, Adam;
+#: four or three dropout rates).
+_LENET_SGD_LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
+_SGD_LRS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+_ADAM_LRS = (0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
+_DROPOUTS_4 = (0.0, 0.25, 0.5, 0.75)
+_DROPOUTS_3 = (0.0, 0.25, 0.5)
+
 #: Named sweeps, 96 runs each on offline data (`dtg sweep --preset NAME --out DIR`): the
 #: benchmark suite `SUITE` every prediction and early-stopping claim is measured on.
 PRESETS: dict[str, SweepConfig] = {
     # LeNet-5, plain SGD with momentum, 20 epochs
     "lenet5-digits": SweepConfig(
         model="lenet5",
-        lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        lrs=_LENET_SGD_LRS,
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=20,
     ),
@@ -126,7 +134,7 @@ PRESETS: dict[str, SweepConfig] = {
     "vgg11-digits": SweepConfig(
         model="vgg11",
         lrs=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=20,
         model_kwargs={"width": 1 / 16},
@@ -135,8 +143,8 @@ PRESETS: dict[str, SweepConfig] = {
     # width 4, 16 epochs, 8 learning rates x 3 dropouts x 4 seeds
     "resnet20-digits": SweepConfig(
         model="resnet20",
-        lrs=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
-        dropouts=(0.0, 0.25, 0.5),
+        lrs=_SGD_LRS,
+        dropouts=_DROPOUTS_3,
         seeds=4,
         epochs=16,
         momentum=0.9,
@@ -146,8 +154,8 @@ PRESETS: dict[str, SweepConfig] = {
     # the same residual sweep with a cosine schedule (the label is decided early, not late)
     "resnet20-digits-cosine": SweepConfig(
         model="resnet20",
-        lrs=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
-        dropouts=(0.0, 0.25, 0.5),
+        lrs=_SGD_LRS,
+        dropouts=_DROPOUTS_3,
         seeds=4,
         epochs=16,
         momentum=0.9,
@@ -159,8 +167,8 @@ PRESETS: dict[str, SweepConfig] = {
     "lenet5-shapes-adam": SweepConfig(
         model="lenet5",
         dataset="shapes",
-        lrs=(0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        lrs=_ADAM_LRS,
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=20,
         optimizer="adam",
@@ -170,7 +178,7 @@ PRESETS: dict[str, SweepConfig] = {
         model="vgg11",
         dataset="shapes",
         lrs=(0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=16,
         weight_decay=5e-4,
@@ -182,7 +190,7 @@ PRESETS: dict[str, SweepConfig] = {
         model="resnet20",
         dataset="shapes",
         lrs=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
-        dropouts=(0.0, 0.25, 0.5),
+        dropouts=_DROPOUTS_3,
         seeds=4,
         epochs=12,
         optimizer="adamw",
@@ -193,8 +201,8 @@ PRESETS: dict[str, SweepConfig] = {
     "mobilenet-shapes-cosine": SweepConfig(
         model="mobilenets",
         dataset="shapes",
-        lrs=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
-        dropouts=(0.0, 0.25, 0.5),
+        lrs=_SGD_LRS,
+        dropouts=_DROPOUTS_3,
         seeds=4,
         epochs=16,
         weight_decay=5e-4,
@@ -204,8 +212,8 @@ PRESETS: dict[str, SweepConfig] = {
     # VGG-11 with batch norm on digits under Adam, constant rate (a check sweep until 2026-12-07)
     "vgg11bn-digits-adam": SweepConfig(
         model="vgg11",
-        lrs=(0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        lrs=_ADAM_LRS,
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=16,
         optimizer="adam",
@@ -214,8 +222,8 @@ PRESETS: dict[str, SweepConfig] = {
     # LeNet-5 on digits under Adam, the method's strong case (a check sweep until 2026-12-07)
     "lenet5-digits-adam": SweepConfig(
         model="lenet5",
-        lrs=(0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        lrs=_ADAM_LRS,
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=20,
         optimizer="adam",
@@ -223,8 +231,8 @@ PRESETS: dict[str, SweepConfig] = {
     # a check sweep, not in the suite: residual + batch norm under Adam, constant rate
     "resnet20-digits-adam": SweepConfig(
         model="resnet20",
-        lrs=(0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
-        dropouts=(0.0, 0.25, 0.5),
+        lrs=_ADAM_LRS,
+        dropouts=_DROPOUTS_3,
         seeds=4,
         epochs=16,
         optimizer="adam",
@@ -233,8 +241,8 @@ PRESETS: dict[str, SweepConfig] = {
     # a check sweep, not in the suite: LeNet-5 on digits, SGD with a step schedule
     "lenet5-digits-step": SweepConfig(
         model="lenet5",
-        lrs=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3),
-        dropouts=(0.0, 0.25, 0.5, 0.75),
+        lrs=_LENET_SGD_LRS,
+        dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=20,
         lr_schedule="step",
