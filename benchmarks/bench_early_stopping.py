@@ -54,7 +54,7 @@ def sweep_records(folder: Path, work: Path) -> dict:
     (cached in ``work``)."""
     cache = work / f"records-v2-{folder.name}.json"  # v2: a "folded" block for batch-norm nets
     if cache.exists():
-        return json.loads(cache.read_text())
+        return with_params(json.loads(cache.read_text()), folder)
     runs = load_sweep(folder)
     out = {"sweep": folder.name, "runs": []}
     t0 = time.perf_counter()
@@ -68,7 +68,23 @@ def sweep_records(folder: Path, work: Path) -> dict:
     out["model"] = runs[0].meta.get("model")
     work.mkdir(parents=True, exist_ok=True)
     atomic_write(cache, json.dumps(out))
-    return out
+    return with_params(out, folder)
+
+
+#: the hyper-parameters a replayed trial suggests (the ones `dtg sweep` varies, but the seed)
+PARAMS = {
+    "lr": optuna.distributions.FloatDistribution(1e-6, 10.0, log=True),
+    "dropout": optuna.distributions.FloatDistribution(0.0, 1.0),
+}
+
+
+def with_params(sweep: dict, folder: Path) -> dict:
+    """Each run's learning rate and dropout from its run.json (the trial's `params` in a replay)."""
+    for r in sweep["runs"]:
+        if "params" not in r:
+            meta = json.loads((folder / r["name"] / "run.json").read_text())
+            r["params"] = {k: float(meta[k]) for k in PARAMS if k in meta}
+    return sweep
 
 
 SUITE_METHODS = (
@@ -85,6 +101,7 @@ SUITE_METHODS = (
     "DTGPruner cold+val_accuracy",
     "DTGPruner folded (data-free)",
     "DTGPruner folded+val_accuracy",
+    "DTGPruner+covariates (data-free)",
 )
 
 
@@ -110,6 +127,8 @@ def methods(quick: bool) -> dict:
         "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(use_values=True, n_warmup_steps=2),
         "DTGPruner folded (data-free)": lambda: DTGPruner(use_values=False, fold_batchnorm=True),
         "DTGPruner folded+val_accuracy": lambda: DTGPruner(use_values=True, fold_batchnorm=True),
+        # the trial's hyper-parameters beside the checkpoints (known before it runs: still data-free)
+        "DTGPruner+covariates (data-free)": lambda: DTGPruner(use_values=False, covariates=["lr", "dropout"]),
     }
     return m
 
@@ -131,7 +150,13 @@ def replay(sweep: dict, order: np.ndarray, pruner, uses_values: bool = True) -> 
     epochs_run, completed, pruned_at, full = [], [], {}, []
     for i in order:
         r = runs[i]
-        trial = study.ask()
+        if r.get(
+            "params"
+        ):  # the trial suggests the run's hyper-parameters (no effect on the pruners without covariates)
+            study.enqueue_trial(r["params"])
+            trial = study.ask({k: PARAMS[k] for k in r["params"]})
+        else:
+            trial = study.ask()
         steps = len(r["records"])
         full.append(steps)
         pruned = False

@@ -47,6 +47,13 @@ def _watch_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="judge from the graph with batch norm folded into the layer before it (no effect without batch norm)",
     )
+    p.add_argument(
+        "--covariates",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run.json fields the verdicts also learn from (e.g. lr dropout): hyper-parameters, not data",
+    )
     _user_model(p)
     _device(p)
 
@@ -68,6 +75,7 @@ def _watch_run(a: argparse.Namespace) -> int:
         use_values=False,
         fold_batchnorm=a.fold_batchnorm,
         warm_start=a.warm_start,
+        covariates=a.covariates,
     )
     watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)
     shown: dict[str, tuple] = {}

@@ -36,13 +36,14 @@ regret within about one test sample of its (`benchmarks/results/early_stopping_s
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from dtg_gpu.core.validation import check_bool, is_int
+from dtg_gpu.core.validation import check_bool, is_int, is_number
 from dtg_gpu.early_stopping.records import (
     RECORD_FEATURE_SETS,
     _finite_record,
@@ -51,9 +52,17 @@ from dtg_gpu.early_stopping.records import (
     feature_vector,
     peer_score,
 )
+from dtg_gpu.features.covariates import LOG_COVARIATES
 from dtg_gpu.features.temporal import check_alpha
 
 __all__ = ["StoppingRule", "rule_options", "RULE_PARAMS"]
+
+
+def _covariate_columns(H: np.ndarray, centre: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """`[z, z**2]` per covariate, z standardised by the finished runs' mean and spread; a
+    missing value (NaN) is the mean (z = 0)."""
+    z = np.nan_to_num((H - centre[0]) / centre[1], nan=0.0, posinf=0.0, neginf=0.0)
+    return np.hstack([z, z**2])
 
 
 def _quantile_label(x: Any) -> bool:
@@ -81,6 +90,7 @@ RULE_PARAMS = (
     "warm_start",
     "n_peers",
     "value_median",
+    "covariates",
 )
 
 
@@ -162,6 +172,18 @@ class StoppingRule:
         instead of `min_probability`: the value has already taken the runs that are
         behind, the checkpoints add only the ones they are sure of. `None`: the value is
         one more input to $P$ and nothing else (dtg_gpu 0.x).
+    covariates : sequence of str, optional
+        Hyper-parameters of each run (Optuna's `trial.params`, a Ray Tune trial's config,
+        a run folder's `run.json`) that the online model reads beside the checkpoints: each
+        name gives two columns, $z$ and $z^2$ with $z$ the value standardised over the
+        finished runs, so that an optimum inside the range (a learning rate neither too
+        small nor too large) can be learned; names in
+        [`LOG_COVARIATES`][dtg_gpu.features.covariates.LOG_COVARIATES] are taken as
+        $\log_{10}$, as [`featurize`][dtg_gpu.featurize]`(covariates=...)` takes them. A
+        missing or non-numeric value counts as the finished runs' mean. They are known
+        before a run starts and are not data: with `use_values=False` the rule stays
+        data-free. Online learning only (a given `predictor` reads its own features).
+        Replayed on the suite: `benchmarks/results/early_stopping_suite_ten.md`.
     C : float, default 1.0
         Inverse L2 strength of the online logistic regression.
     """
@@ -180,6 +202,7 @@ class StoppingRule:
     warm_start: bool = True
     n_peers: int = 5
     value_median: float | None = 0.1
+    covariates: tuple[str, ...] | None = None
     C: float = 1.0
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -219,6 +242,20 @@ class StoppingRule:
         if not (isinstance(self.C, (int, float)) and self.C > 0):
             raise ValueError(f"C must be positive, got {self.C!r}")
         check_alpha(self.alpha)
+        cov = self.covariates
+        if cov is not None:
+            if (
+                isinstance(cov, str)
+                or not isinstance(cov, (list, tuple))
+                or not all(isinstance(c, str) and c for c in cov)
+            ):
+                raise ValueError(f"covariates must be a list of hyper-parameter names, got {cov!r}")
+            self.covariates = tuple(dict.fromkeys(cov)) or None
+        if self.predictor is not None and self.covariates:
+            raise ValueError(
+                "covariates are read by the online model only; a given predictor reads its own features: "
+                "drop covariates, or predictor"
+            )
         if self.predictor is not None:
             fs = getattr(self.predictor, "feature_settings", None) or {}
             k = fs.get("timesteps")
@@ -290,8 +327,9 @@ class StoppingRule:
         self,
         records: Sequence[Mapping],
         values: Sequence[float | None] | None,
-        finished: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None, float]],
+        finished: Sequence[tuple],
         peers: Sequence[tuple[Any, Sequence[Mapping], Sequence[float | None] | None]] = (),
+        params: Mapping[str, Any] | None = None,
     ) -> float | None:
         r"""$P(\text{sufficient})$ of a running run after its `len(records)` checkpoints.
 
@@ -301,12 +339,15 @@ class StoppingRule:
             The run's [`checkpoint_record`][dtg_gpu.early_stopping.records.checkpoint_record] s, in time order.
         values : sequence of float or None, optional
             The value it reported at each of those checkpoints (None where it did not).
-        finished : sequence of `(key, records, values, final_value)`
+        finished : sequence of `(key, records, values, final_value[, params])`
             The finished runs to learn from (online mode); `key` identifies a run (its fit
-            is cached while the set of finished runs does not change).
+            is cached while the set of finished runs does not change); `params`: its
+            hyper-parameters (a mapping), read when `covariates` are set.
         peers : sequence of `(key, records, values)`, optional
             The other runs of the study in any state (running, stopped, finished), for the
             warm start (`warm_start`); the finished ones count as peers too.
+        params : mapping, optional
+            The run's hyper-parameters, read when `covariates` are set.
 
         Returns
         -------
@@ -322,7 +363,7 @@ class StoppingRule:
         if self.predictor is not None:
             p = self._given(records, values)
         else:
-            p = self._learned(records, values, finished)
+            p = self._learned(records, values, finished, params)
             if p is None and self.warm_start:
                 p = self._peer_probability(records, values, [*((f[0], f[1], f[2]) for f in finished), *peers])
         if self.value_test(values, len(records)) and self._behind_median(values, len(records), finished):
@@ -374,9 +415,9 @@ class StoppingRule:
             p = 0.5 * (p + _share_below(sign * float(values[k - 1]), vals))
         return p
 
-    def _learned(self, records, values, finished) -> float | None:
+    def _learned(self, records, values, finished, params=None) -> float | None:
         k = len(records)
-        rows = [(key, r, v, f) for key, r, v, f in finished if len(r) >= k and f is not None and math.isfinite(f)]
+        rows = [row for row in finished if len(row[1]) >= k and row[3] is not None and math.isfinite(row[3])]
         if len(rows) < max(self.n_startup_trials, 2):
             return None
         use = self._uses_values(k, values, rows)
@@ -394,7 +435,9 @@ class StoppingRule:
         if model == "one-class":
             return None
         x = feature_vector(records, k, self.features, self.alpha, values if use else None, self.fold_batchnorm)
-        clf, fill = model
+        clf, fill, centre = model
+        if centre is not None:
+            x = np.r_[x, _covariate_columns(self._covariate_values([params]), centre)[0]]
         x = np.where(np.isfinite(x), x, fill)
         return float(clf.predict_proba(x[None, :])[0, 1])
 
@@ -432,10 +475,32 @@ class StoppingRule:
         X, y = X[good], y[good]  # diverged finished runs: nothing to learn from their NaNs
         if X.shape[0] < 2 or np.bincount(y, minlength=2).min() < 1:
             return "one-class"
+        centre = None
+        if self.covariates:
+            H = self._covariate_values([r[4] if len(r) > 4 else None for r in rows])[good]
+            with warnings.catch_warnings():  # a covariate no finished run has: an all-NaN column
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, std = np.nanmean(H, axis=0), np.nanstd(H, axis=0)
+            centre = (np.nan_to_num(mean), np.where(np.isfinite(std) & (std > 0), std, 1.0))
+            X = np.hstack([X, _covariate_columns(H, centre)])
         fill = X.mean(axis=0)
         clf = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=2000))
         clf.fit(X, y)
-        return clf, fill
+        return clf, fill, centre
+
+    def _covariate_values(self, params: Sequence[Mapping | None]) -> np.ndarray:
+        """`[len(params), len(covariates)]`: each run's hyper-parameters (log10 for
+        `LOG_COVARIATES`, as `featurize(covariates=...)`), NaN where missing or not a number."""
+        names = self.covariates or ()
+        out = np.full((len(params), len(names)), np.nan)
+        for i, p in enumerate(params):
+            for j, name in enumerate(names):
+                v = p.get(name) if isinstance(p, Mapping) else None
+                x = float(v) if is_number(v) else math.nan
+                if name in LOG_COVARIATES:
+                    x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
+                out[i, j] = x
+        return out
 
     # ----------------------------------------------------------------- decision
     def should_stop(

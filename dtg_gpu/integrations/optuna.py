@@ -238,8 +238,9 @@ class DTGPruner(optuna.pruners.BasePruner):
         prune a trial that stays behind the others at the same step, as `MedianPruner` does
         with values), `n_peers=5`, `value_median=0.1` (with the values the trial reports: a
         trial whose best value is behind the completed trials' median at its step is pruned,
-        as `MedianPruner` prunes it, and the checkpoints prune one only below 0.1)); the
-        study's direction is respected.
+        as `MedianPruner` prunes it, and the checkpoints prune one only below 0.1),
+        `covariates=None` (names of `trial.params` the online model reads beside the
+        checkpoints, e.g. `["lr", "dropout"]`)); the study's direction is respected.
 
     Notes
     -----
@@ -285,10 +286,10 @@ class DTGPruner(optuna.pruners.BasePruner):
                     continue
                 key = (study.study_name, t.number)
                 if t.state == TS.COMPLETE and t.value is not None:
-                    finished.append((key, r, _values(t, s), t.value))
+                    finished.append((key, r, _values(t, s), t.value, t.params))
                 elif rule.warm_start:
                     peers.append((key, r, _values(t, s)))
-        return rule.probability(records, _values(trial, steps), finished, peers)
+        return rule.probability(records, _values(trial, steps), finished, peers, params=trial.params)
 
     def prune(self, study, trial) -> bool:
         """Optuna's pruner interface: `True` to prune `trial` now."""

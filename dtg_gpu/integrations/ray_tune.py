@@ -100,6 +100,7 @@ class _State:
         self.values: dict[str, list[float | None]] = {}
         self.history: dict[str, list[float | None]] = {}
         self.finished: dict[str, tuple] = {}
+        self.configs: dict[str, dict] = {}
         self.stopped: set[str] = set()
         self._models: dict[str, torch.nn.Module] = {}
 
@@ -135,12 +136,15 @@ class _State:
             return False
         recs = self.records.setdefault(trial_id, [])
         recs.append(self.record_of(trial_id, config, folder))
+        # the hyper-parameters for `covariates`: the trial's config (a stopper sees it in the result)
+        params = config or result.get("config")
+        self.configs[trial_id] = params if isinstance(params, dict) else {}
         self.values.setdefault(trial_id, []).append(self.value_of(result))
         finished = [(k, *v) for k, v in self.finished.items()]
         peers = [
             (k, r, self.values.get(k)) for k, r in self.records.items() if k != trial_id and k not in self.finished
         ]
-        p = self.rule.probability(recs, self.values[trial_id], finished, peers)
+        p = self.rule.probability(recs, self.values[trial_id], finished, peers, params=self.configs[trial_id])
         hist = self.history.setdefault(trial_id, [])
         hist.append(p)
         return self.rule.should_stop(hist, diverged=is_diverged(recs), values=self.values[trial_id])
@@ -150,7 +154,12 @@ class _State:
             return
         final = self.value_of(result or {})
         if final is not None:
-            self.finished[trial_id] = (self.records[trial_id], self.values[trial_id], final)
+            self.finished[trial_id] = (
+                self.records[trial_id],
+                self.values[trial_id],
+                final,
+                self.configs.get(trial_id, {}),
+            )
 
 
 def _trial_folder(trial) -> Path | None:
@@ -236,6 +245,7 @@ class DTGScheduler(FIFOScheduler):
             return
         self._dtg.records[trial.trial_id] = [self._dtg.record_of(trial.trial_id, trial.config, c) for c in ckpts]
         self._dtg.values[trial.trial_id] = [None] * len(ckpts)  # values per checkpoint are not kept by Tune
+        self._dtg.configs[trial.trial_id] = trial.config if isinstance(trial.config, dict) else {}
         self._dtg.complete(trial.trial_id, trial.last_result)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:

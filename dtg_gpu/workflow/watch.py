@@ -85,6 +85,7 @@ class SweepWatcher:
         self.model = model
         self.device = device
         self._seen: dict[str, _Seen] = {}
+        self._grid: dict[str, dict] | None = None  # run name -> its point of sweep.json's grid
 
     # --------------------------------------------------------------- the folder
     def run_folders(self) -> list[Path]:
@@ -138,6 +139,29 @@ class SweepWatcher:
         if self.model is None:
             self.model = self._sweep_model()
         return Run(model=self.model, checkpoints=files, name=folder.name), False
+
+    def _params(self, name: str, run) -> dict:
+        """A run's hyper-parameters, for the rule's `covariates`: its run.json, with the
+        grid point `sweep.json` gives it (a run still training has no run.json yet)."""
+        if not self.rule.covariates:
+            return {}
+        if self._grid is None:
+            from dtg_gpu.core.failures import READ_ERRORS
+            from dtg_gpu.io.manifest import read_manifest
+            from dtg_gpu.sweeps.state import _sweep_grid
+
+            self._grid = {}
+            manifest = self.sweep / "sweep.json"
+            try:
+                meta = read_manifest(manifest) if manifest.is_file() else None
+            except READ_ERRORS:
+                meta = None
+            names = meta.get("runs") if isinstance(meta, dict) else None
+            made = _sweep_grid(meta)
+            if made is not None and isinstance(names, list) and len(names) == len(made[1]):
+                self._grid = dict(zip(map(str, names), made[1]))
+        meta = run.meta if isinstance(getattr(run, "meta", None), dict) else {}
+        return {**self._grid.get(name, {}), **meta}
 
     # ------------------------------------------------------------------- a pass
     @staticmethod
@@ -229,7 +253,7 @@ class SweepWatcher:
                 else:
                     errors[name] = error
         finished = [
-            (n, s.records, None, r.final_accuracy)
+            (n, s.records, None, r.final_accuracy, self._params(n, r))
             for n, (r, f, s) in runs.items()
             if f and r.final_accuracy is not None
         ]
@@ -242,7 +266,9 @@ class SweepWatcher:
                 while len(seen.history) < k:  # one probability per checkpoint, judged when it lands
                     j = len(seen.history) + 1
                     peers = [(n, s.records, None) for n, (_, f, s) in runs.items() if n != name and not f]
-                    seen.history.append(self.rule.probability(seen.records[:j], None, finished, peers))
+                    seen.history.append(
+                        self.rule.probability(seen.records[:j], None, finished, peers, params=self._params(name, run))
+                    )
             except ValueError as exc:  # a given predictor that does not fit this run
                 out[name] = Verdict(name, k, None, "failed", error=str(exc))
                 continue

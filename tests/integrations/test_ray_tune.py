@@ -118,8 +118,9 @@ def test_scheduler_stops_the_bad_and_diverged_trials(local_ray, tmp_path):
         )
     assert len(fresh._dtg.finished) == 7  # 9 trials, 2 stopped
     assert sched._dtg.finished.keys() == fresh._dtg.finished.keys()
-    for tid, (recs, _, final) in sched._dtg.finished.items():
+    for tid, (recs, _, final, config) in sched._dtg.finished.items():
         assert fresh._dtg.finished[tid][0] == recs and fresh._dtg.finished[tid][2] == final
+        assert fresh._dtg.finished[tid][3] == config and "kind" in config  # the config, for `covariates`
 
 
 def test_stopper_with_asha_style_scheduler(local_ray, tmp_path):

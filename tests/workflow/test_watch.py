@@ -115,3 +115,24 @@ def test_watch_errors_are_clear(tmp_path, capsys):
     assert "sweep folder not found" in capsys.readouterr().err
     assert main(["watch", str(tmp_path), "--once", "--interval", "0"]) == 1
     assert "--interval must be a number of seconds in (0, 604800]" in capsys.readouterr().err
+
+
+def test_watch_covariates_read_the_grid_for_running_runs(live, capsys):
+    """A run still training has no run.json: its hyper-parameters come from sweep.json's grid."""
+    out, good, bad, empty = live
+    w = SweepWatcher(out, rule=StoppingRule(n_startup_trials=6, use_values=False, covariates=["lr", "dropout"]))
+    v = {x.run: x for x in w.poll()}
+    assert v[bad].verdict == "stop" and v[good].verdict == "continue"
+    names = json.loads((out / "sweep.json").read_text())["runs"]
+    grid = dict(zip(names, CFG.grid()))
+    run_bad, _ = w._run_of(out / bad)
+    assert run_bad.meta.get("lr") is None and w._params(bad, run_bad)["lr"] == grid[bad]["lr"] == 1e-5
+    seen = []
+    probability = w.rule.probability
+    w.rule.probability = lambda *a, **k: seen.append(k["params"]) or probability(*a, **k)
+    shutil.copy(sorted((out / bad).glob("ckpt-*"))[0], out / good / "ckpt-0003.safetensors")
+    w.poll()
+    assert seen and seen[0]["lr"] == grid[good]["lr"] == 0.05
+    assert main(["watch", str(out), "--once", "--json", "--n-startup", "6", "--covariates", "lr", "dropout"]) == 0
+    by = {d["run"]: d for d in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert by[bad]["verdict"] == "stop" and by[good]["verdict"] == "continue"

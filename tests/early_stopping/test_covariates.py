@@ -1,0 +1,119 @@
+"""The stopping rule's `covariates`: the runs' hyper-parameters beside their checkpoints, in
+every front end (the rule, Optuna's trial.params, a run folder's run.json for dtg watch)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dtg_gpu.early_stopping import StoppingRule, rule_options
+
+LRS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def _noise(seed: int) -> list[dict]:
+    """One checkpoint record that says nothing about the run (random statistics)."""
+    rng = np.random.default_rng(seed)
+    return [{"dtg": rng.normal(size=5).tolist(), "log_eigenvalue": float(rng.normal()), "layers": []}]
+
+
+def _finished(n: int = 30) -> list[tuple]:
+    """Runs whose checkpoints are noise; sufficient exactly when 1e-3 <= lr <= 0.1 (inside the range)."""
+    return [
+        (
+            f"r{i}",
+            _noise(i),
+            None,
+            0.9 if 1e-3 <= LRS[i % 5] <= 0.1 else 0.2,
+            {"lr": LRS[i % 5], "dropout": 0.1 * (i % 3)},
+        )
+        for i in range(n)
+    ]
+
+
+def test_the_online_model_learns_an_optimum_inside_the_range_from_the_hyper_parameters():
+    rule = StoppingRule(features="dtg", covariates=["lr", "dropout"])
+    rec = _noise(1000)
+    p = {lr: rule.probability(rec, None, _finished(), params={"lr": lr, "dropout": 0.1}) for lr in LRS}
+    # the z^2 column: both ends below the cut, the middle far above it
+    assert min(p[1e-3], p[1e-2], p[1e-1]) > 0.5 and max(p[1e-4], p[1.0]) < 0.3, p
+    assert rule.should_stop([p[1e-4]]) and not rule.should_stop([p[1e-2]])
+    # without covariates the same checkpoints give the same P whatever the learning rate
+    plain = StoppingRule(features="dtg")
+    q = {lr: plain.probability(rec, None, _finished(), params={"lr": lr}) for lr in LRS}
+    assert len(set(q.values())) == 1 and 0.3 < q[1e-2] < 0.9
+
+
+def test_missing_values_count_as_the_mean_and_nothing_breaks():
+    rule = StoppingRule(features="dtg", covariates=["lr", "momentum"])  # no run has a momentum
+    fin = _finished()
+    fin[0] = fin[0][:4]  # a finished run given without params
+    fin[1] = (*fin[1][:4], {"lr": "fast"})  # a value that is not a number
+    p = rule.probability(_noise(7), None, fin, params=None)
+    assert p is not None and 0 <= p <= 1 and math.isfinite(p)
+    assert rule.probability(_noise(7), None, fin, params={"lr": 1e-2}) > 0.6
+
+
+def test_learning_rates_are_taken_as_log10_as_featurize_takes_them():
+    rule = StoppingRule(covariates=["lr", "dropout", "weight_decay"])
+    H = rule._covariate_values([{"lr": 0.01, "dropout": 0.5, "weight_decay": 0}, {"lr": "x", "dropout": True}, None])
+    assert H[0].tolist() == [-2.0, 0.5, -10.0]
+    assert np.isnan(H[1]).all() and np.isnan(H[2]).all()  # a bool is not a number here
+
+
+@pytest.mark.parametrize("bad", ["lr", [1, 2], [""], {"lr": 1}])
+def test_covariates_must_be_a_list_of_names(bad):
+    with pytest.raises(ValueError, match="covariates must be a list of hyper-parameter names"):
+        rule_options(covariates=bad)
+
+
+def test_covariates_are_for_the_online_model_only():
+    with pytest.raises(ValueError, match="covariates are read by the online model only"):
+        StoppingRule(predictor=object(), covariates=["lr"])
+    assert rule_options(covariates=["lr", "lr", "dropout"])["covariates"] == ("lr", "dropout")
+    assert rule_options()["covariates"] is None
+
+
+def test_the_optuna_pruner_reads_trial_params():
+    optuna = pytest.importorskip("optuna")
+    from dtg_gpu.integrations.optuna import _STEP, DTGPruner
+
+    dist = {"lr": optuna.distributions.FloatDistribution(1e-5, 10, log=True)}
+    pruner = DTGPruner(features="dtg", covariates=["lr"], use_values=False)
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    for _key, recs, _, final, params in _finished():
+        study.enqueue_trial({"lr": params["lr"]})
+        t = study.ask(dist)
+        t.storage.set_trial_system_attr(t._trial_id, f"{_STEP}{0:09d}", recs[0])
+        study.tell(t, final)
+    verdicts = {}
+    for lr in LRS:
+        study.enqueue_trial({"lr": lr})
+        t = study.ask(dist)
+        t.storage.set_trial_system_attr(t._trial_id, f"{_STEP}{0:09d}", _noise(500)[0])
+        verdicts[lr] = t.should_prune()
+        study.tell(t, state=optuna.trial.TrialState.PRUNED if verdicts[lr] else optuna.trial.TrialState.FAIL)
+    assert verdicts == {1e-4: True, 1e-3: False, 1e-2: False, 1e-1: False, 1.0: True}
+    plain = DTGPruner(features="dtg", use_values=False)
+    assert "covariates=('lr',)" in repr(pruner)
+    assert "covariates=None" in repr(plain)
+
+
+def test_ray_tune_front_end_reads_the_trial_config(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    from torch import nn
+
+    from dtg_gpu.integrations.ray_tune import _State
+
+    state = _State(
+        nn.Linear(2, 2), "acc", "max", None, rule_options(features="dtg", covariates=["lr"], use_values=False)
+    )
+    seeds = iter(range(10_000))
+    monkeypatch.setattr(_State, "record_of", lambda self, tid, config, folder: _noise(next(seeds))[0])
+    for key, _, _, final, params in _finished():
+        state.observe(key, {"lr": params["lr"]}, tmp_path, {"acc": 0.5})  # stopped or not, it finishes here
+        state.complete(key, {"acc": final})
+    assert state.finished["r0"][3] == {"lr": 1e-4}
+    # a stopper sees no config argument: the result's "config" is read
+    stop = {lr: state.observe(f"new-{lr}", {}, tmp_path, {"acc": 0.5, "config": {"lr": lr}}) for lr in LRS}
+    assert stop == {1e-4: True, 1e-3: False, 1e-2: False, 1e-1: False, 1.0: True}
