@@ -455,16 +455,25 @@ def _wilson(share: float, n: int) -> str:
 def goals(results: dict) -> list[str]:
     """Issue #33's early-stopping goals, one row per sweep, met or missed with the numbers."""
     rows = []
-    met = {"free": 0, "value": 0, "n": 0}
+    met = {"free": 0, "value": 0, "n": 0, "cov": 0, "cov_n": 0}
     for name, res in results["sweeps"].items():
         m = res["methods"]
         free, val, med = m.get("DTGPruner (data-free)"), m.get("DTGPruner+val_accuracy"), m.get("MedianPruner")
-        cold = m.get("DTGPruner cold (data-free)")
+        cold, cov = m.get("DTGPruner cold (data-free)"), m.get(COVARIATES)
         if not (free and val and med):
             continue
         n = free["orderings"]
         ok_free = free["regret_zero_share"] >= 0.95 and free["saved_mean"] >= 0.5
         ok_val = val["saved_mean"] >= med["saved_mean"] and val["regret_mean"] <= med["regret_mean"] + 1e-12
+        if cov:
+            ok_cov = cov["regret_zero_share"] >= 0.95 and cov["saved_mean"] >= 0.5
+            met["cov"] += ok_cov
+            met["cov_n"] += 1
+        cov_cell = (
+            f"{cov['regret_zero_share']:.0%} / {cov['saved_mean']:.3f} ({'met' if ok_cov else 'missed'})"
+            if cov
+            else "–"
+        )
         met["free"] += ok_free
         met["value"] += ok_val
         met["n"] += 1
@@ -478,7 +487,7 @@ def goals(results: dict) -> list[str]:
             f"{free['saved_mean']:.3f} ± {free['saved_ci95']:.3f} | {'met' if ok_free else 'missed'} | "
             f"{val['saved_mean']:.3f} ± {val['saved_ci95']:.3f} / {val['regret_mean']:.4f} ± {val['regret_ci95']:.4f} | "
             f"{med['saved_mean']:.3f} ± {med['saved_ci95']:.3f} / {med['regret_mean']:.4f} ± {med['regret_ci95']:.4f} | "
-            f"{'met' if ok_val else 'missed'} | {first} |"
+            f"{'met' if ok_val else 'missed'} | {first} | {cov_cell} |"
         )
     if not rows:
         return []
@@ -490,14 +499,17 @@ def goals(results: dict) -> list[str]:
         "≥ 50 % of the compute. With the value: `DTGPruner(use_values=True)` saves at least as much as "
         "`MedianPruner` at no more mean regret. Intervals: 95 % (Wilson for shares, normal for means "
         f"over the orderings). *First {FIRST_TRIALS} trials*: compute saved on the first {FIRST_TRIALS} "
-        "trials of a study, without → with the warm start (`warm_start=False` → default).",
+        "trials of a study, without → with the warm start (`warm_start=False` → default). *With covariates*: "
+        "the data-free pruner that also reads each trial's learning rate and dropout "
+        "(`covariates=['lr', 'dropout']`), best kept / S (the data-free goal).",
         "",
         "| sweep | data-free: best kept | data-free: S | goal | with value: S / R mean | MedianPruner: S / R mean "
-        f"| goal | first {FIRST_TRIALS} trials (data-free) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| goal | first {FIRST_TRIALS} trials (data-free) | with covariates (data-free) |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Met: data-free {met['free']} of {met['n']} sweeps; with the value {met['value']} of {met['n']}.",
+        f"Met: data-free {met['free']} of {met['n']} sweeps; with the value {met['value']} of {met['n']}"
+        + (f"; data-free with covariates {met['cov']} of {met['cov_n']}." if met["cov_n"] else "."),
         "",
     ]
 
@@ -512,19 +524,24 @@ README_ROWS = (
 )
 
 
+#: the data-free pruner with the trials' hyper-parameters (a row of the suite's replay)
+COVARIATES = "DTGPruner+covariates (data-free)"
+
+
 def ranges(results: dict) -> list[str]:
-    """The README's table: for each of `README_ROWS`, S, R = 0 and mean regret ranged over
-    the sweeps that have every row."""
+    """The README's table: for each of `README_ROWS` (and the covariates row where every
+    sweep has it), S, R = 0 and mean regret ranged over the sweeps that have every row."""
     sweeps = [r["methods"] for r in results["sweeps"].values() if all(m in r["methods"] for m in README_ROWS)]
     if not sweeps:
         return []
+    names = [*README_ROWS, *([COVARIATES] if all(COVARIATES in m for m in sweeps) else [])]
     lines = [
         f"## Over the {len(sweeps)} sweeps (the README's table)",
         "",
         "| pruner | S, range over sweeps | R = 0, range over sweeps | R mean, range over sweeps |",
         "|---|---|---|---|",
     ]
-    for name in README_ROWS:
+    for name in names:
         S = [m[name]["saved_mean"] for m in sweeps]
         Z = [m[name]["regret_zero_share"] for m in sweeps]
         R = [m[name]["regret_mean"] for m in sweeps]

@@ -157,6 +157,22 @@ def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
     assert "| MedianPruner | 0.60–0.80 | 50%–90% | 0.0010–0.0200 |" in lines
     assert "| DTGPruner+val_accuracy, value_median=None | 0.60–0.70 | 90%–100% | 0.0000–0.0010 |" in lines
     assert es.ranges({"sweeps": {"c": {"methods": partial}}}) == []
+    assert not any(es.COVARIATES in line for line in lines)  # no sweep has the covariates row
+    # the covariates row joins the ranges only when every sweep has it; the goals count it
+    both = {
+        "a": {"methods": full | {es.COVARIATES: row(0.55, 1.0, 0.0)}},
+        "b": {"methods": other | {es.COVARIATES: row(0.45, 0.95, 0.0001)}},
+    }
+    assert "| DTGPruner+covariates (data-free) | 0.45–0.55 | 95%–100% | 0.0000–0.0001 |" in es.ranges({"sweeps": both})
+    for m in both.values():
+        for r in m["methods"].values():
+            r.update(orderings=20, saved_ci95=0.01, regret_ci95=0.001)
+    g = es.goals({"sweeps": both})
+    assert "| 100% / 0.550 (met) |" in next(line for line in g if line.startswith("| a |"))
+    assert "| 95% / 0.450 (missed) |" in next(line for line in g if line.startswith("| b |"))
+    assert g[-2].endswith("data-free with covariates 1 of 2.")
+    both["b"]["methods"].pop(es.COVARIATES)
+    assert not any(es.COVARIATES in line for line in es.ranges({"sweeps": both}))
 
 
 def test_approximate_leave_one_out_matches_refitting_without_each_run():
