@@ -12,7 +12,7 @@ from dtg_gpu.core.files import confined_path
 from dtg_gpu.exceptions import CheckpointError, DTGWarning
 from dtg_gpu.io.manifest import read_manifest, run_state
 from dtg_gpu.io.run import Run
-from dtg_gpu.sweeps.state import _grid_mismatch, _sweep_grid
+from dtg_gpu.sweeps.state import _grid_mismatch, sweep_grid
 
 __all__ = ["SweepRuns", "load_sweep"]
 
@@ -90,7 +90,7 @@ def load_sweep(
         if not isinstance(n, str) or "/" in n or "\\" in n or n in (".", ".."):
             raise CheckpointError(f"{manifest}: runs[{i}] must be a folder name inside {path}, got {n!r}")
     states = {n: run_state(path / n) for n in names}
-    rebuilt = _sweep_grid(meta)
+    rebuilt = sweep_grid(meta)
     if rebuilt is not None and len(rebuilt[1]) == len(names):
         for n, point in zip(names, rebuilt[1]):
             if states[n] == "complete" and (why := _grid_mismatch(path / n, rebuilt[0], point)):

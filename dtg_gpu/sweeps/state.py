@@ -16,7 +16,7 @@ from dtg_gpu.exceptions import CheckpointError, DTGWarning, SweepFailedError
 from dtg_gpu.io.manifest import read_manifest, run_state
 from dtg_gpu.sweeps.config import SweepConfig
 
-__all__ = ["ASIDE_DIRNAME", "raise_failures"]
+__all__ = ["ASIDE_DIRNAME", "raise_failures", "sweep_grid"]
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -79,7 +79,7 @@ def _grid_mismatch(folder: Path, cfg: SweepConfig, point: dict[str, Any]) -> str
     return f"{folder / 'run.json'}: a run of another sweep ({diff})"
 
 
-def _sweep_grid(meta: Any) -> tuple[SweepConfig, list[dict[str, Any]]] | None:
+def sweep_grid(meta: Any) -> tuple[SweepConfig, list[dict[str, Any]]] | None:
     """The config and grid a `sweep.json` records, when it is one dtg can rebuild."""
     config = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(config, dict):

@@ -148,7 +148,7 @@ class SweepWatcher:
         if self._grid is None:
             from dtg_gpu.core.failures import READ_ERRORS
             from dtg_gpu.io.manifest import read_manifest
-            from dtg_gpu.sweeps.state import _sweep_grid
+            from dtg_gpu.sweeps.state import sweep_grid
 
             self._grid = {}
             manifest = self.sweep / "sweep.json"
@@ -157,7 +157,7 @@ class SweepWatcher:
             except READ_ERRORS:
                 meta = None
             names = meta.get("runs") if isinstance(meta, dict) else None
-            made = _sweep_grid(meta)
+            made = sweep_grid(meta)
             if made is not None and isinstance(names, list) and len(names) == len(made[1]):
                 self._grid = dict(zip(map(str, names), made[1]))
         meta = run.meta if isinstance(getattr(run, "meta", None), dict) else {}
