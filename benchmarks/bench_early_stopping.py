@@ -129,6 +129,7 @@ def methods(quick: bool) -> dict:
         "DTGPruner folded+val_accuracy": lambda: DTGPruner(use_values=True, fold_batchnorm=True),
         # the trial's hyper-parameters beside the checkpoints (known before it runs: still data-free)
         "DTGPruner+covariates (data-free)": lambda: DTGPruner(use_values=False, covariates=["lr", "dropout"]),
+        "DTGPruner+covariates+val_accuracy": lambda: DTGPruner(use_values=True, covariates=["lr", "dropout"]),
     }
     return m
 
