@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from dtg_gpu.core.validation import check_bool, is_int, is_number
+from dtg_gpu.core.validation import check_bool, is_int
 from dtg_gpu.early_stopping.records import (
     RECORD_FEATURE_SETS,
     _finite_record,
@@ -52,7 +52,7 @@ from dtg_gpu.early_stopping.records import (
     feature_vector,
     peer_score,
 )
-from dtg_gpu.features.covariates import LOG_COVARIATES
+from dtg_gpu.features.covariates import covariate_value
 from dtg_gpu.features.temporal import check_alpha
 
 __all__ = ["StoppingRule", "rule_options", "RULE_PARAMS"]
@@ -492,15 +492,10 @@ class StoppingRule:
         """`[len(params), len(covariates)]`: each run's hyper-parameters (log10 for
         `LOG_COVARIATES`, as `featurize(covariates=...)`), NaN where missing or not a number."""
         names = self.covariates or ()
-        out = np.full((len(params), len(names)), np.nan)
-        for i, p in enumerate(params):
-            for j, name in enumerate(names):
-                v = p.get(name) if isinstance(p, Mapping) else None
-                x = float(v) if is_number(v) else math.nan
-                if name in LOG_COVARIATES:
-                    x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
-                out[i, j] = x
-        return out
+        return np.array(
+            [[covariate_value(n, p.get(n) if isinstance(p, Mapping) else None) for n in names] for p in params],
+            dtype=float,
+        ).reshape(len(params), len(names))
 
     # ----------------------------------------------------------------- decision
     def should_stop(

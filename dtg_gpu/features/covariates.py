@@ -10,11 +10,20 @@ import torch
 from dtg_gpu.core.validation import is_number
 from dtg_gpu.io.run import Run
 
-__all__ = ["covariate_matrix", "LOG_COVARIATES"]
+__all__ = ["covariate_matrix", "covariate_value", "LOG_COVARIATES"]
 
 
 #: covariates taken as log10: rates that span decades
 LOG_COVARIATES = ("lr", "learning_rate", "weight_decay", "wd")
+
+
+def covariate_value(name: str, v: object) -> float:
+    r"""One hyper-parameter as a covariate column takes it: $\log_{10}$ for `LOG_COVARIATES`
+    (0 as -10), the number itself otherwise; NaN when it is not a finite number (a bool is not)."""
+    x = float(v) if is_number(v) else math.nan
+    if name in LOG_COVARIATES:
+        x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
+    return x
 
 
 def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.Tensor, dict[int, str]]:
@@ -44,9 +53,7 @@ def covariate_matrix(runs: Sequence[Run], names: Sequence[str]) -> tuple[torch.T
         found = False
         for i, run in enumerate(runs):
             v = run.meta.get(name) if isinstance(run.meta, dict) else None
-            x = float(v) if is_number(v) else math.nan
-            if name in LOG_COVARIATES:
-                x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
+            x = covariate_value(name, v)
             if math.isfinite(x):
                 out[i, j] = x
                 found = True
