@@ -247,13 +247,53 @@ PRESETS: dict[str, SweepConfig] = {
         epochs=20,
         lr_schedule="step",
     ),
+    # a check sweep, not in the suite (added 2026-12-07, after every choice so far): depthwise-separable
+    # + batch norm under Adam on digits
+    "mobilenet-digits-adam": SweepConfig(
+        model="mobilenets",
+        lrs=_ADAM_LRS,
+        dropouts=_DROPOUTS_3,
+        seeds=4,
+        epochs=16,
+        optimizer="adam",
+        model_kwargs={"width": 8},
+    ),
+    # a check sweep, not in the suite (added 2026-12-07): LeNet-5 on the colour images, SGD with a
+    # cosine schedule
+    "lenet5-shapes-cosine": SweepConfig(
+        model="lenet5",
+        dataset="shapes",
+        lrs=_LENET_SGD_LRS,
+        dropouts=_DROPOUTS_4,
+        seeds=3,
+        epochs=20,
+        lr_schedule="cosine",
+    ),
+    # a check sweep, not in the suite (added 2026-12-07): VGG-11 with batch norm under AdamW
+    "vgg11bn-shapes-adamw": SweepConfig(
+        model="vgg11",
+        dataset="shapes",
+        lrs=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+        dropouts=_DROPOUTS_4,
+        seeds=3,
+        epochs=16,
+        optimizer="adamw",
+        weight_decay=0.05,
+        model_kwargs={"width": 1 / 16, "batch_norm": True},
+    ),
 }
 
 #: Check sweeps: presets that no default or option was chosen on, held out of `SUITE`; the
 #: default is scored on them afterwards (`bench_suite.py --sweeps NAME`). The first two check
 #: sweeps (`vgg11bn-digits-adam`, `lenet5-digits-adam`) joined the suite when the default's head
 #: weights were chosen on ten sweeps; these were trained before that choice and scored after it.
-CHECKS: tuple[str, ...] = ("resnet20-digits-adam", "lenet5-digits-step")
+CHECKS: tuple[str, ...] = (
+    "resnet20-digits-adam",
+    "lenet5-digits-step",
+    "mobilenet-digits-adam",
+    "lenet5-shapes-cosine",
+    "vgg11bn-shapes-adamw",
+)
 
 #: The benchmark suite: every other preset (plain / residual / batch-norm / depthwise nets; SGD
 #: constant, step and cosine, Adam, AdamW; digits and shapes).
