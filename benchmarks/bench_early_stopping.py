@@ -115,19 +115,28 @@ def methods(quick: bool) -> dict:
         "HyperbandPruner": lambda: P.HyperbandPruner(),
         "PatientPruner(Median)": lambda: P.PatientPruner(P.MedianPruner(), patience=2),
         "WilcoxonPruner": lambda: P.WilcoxonPruner(),
-        "DTGPruner (data-free)": lambda: DTGPruner(use_values=False),
-        "DTGPruner cold (data-free)": lambda: DTGPruner(use_values=False, warm_start=False),
-        "DTGPruner cold+val_accuracy": lambda: DTGPruner(use_values=True, warm_start=False),
-        "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(use_values=False, features="dtg+weight_stats"),
-        "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True),
+        "DTGPruner (data-free)": lambda: DTGPruner(use_values=False, covariates=None),
+        "DTGPruner cold (data-free)": lambda: DTGPruner(use_values=False, covariates=None, warm_start=False),
+        "DTGPruner cold+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None, warm_start=False),
+        "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(
+            use_values=False, covariates=None, features="dtg+weight_stats"
+        ),
+        "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None),
         # the rule before MedianPruner's test on the value (the value one more input to P)
-        "DTGPruner+val_accuracy, value_median=None": lambda: DTGPruner(use_values=True, value_median=None),
+        "DTGPruner+val_accuracy, value_median=None": lambda: DTGPruner(
+            use_values=True, covariates=None, value_median=None
+        ),
         # no decision on the first two checkpoints (steps 0 and 1): VGG-11 lost its best run at epoch 1
-        "DTGPruner n_warmup_steps=2 (data-free)": lambda: DTGPruner(use_values=False, n_warmup_steps=2),
-        "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(use_values=True, n_warmup_steps=2),
-        "DTGPruner folded (data-free)": lambda: DTGPruner(use_values=False, fold_batchnorm=True),
-        "DTGPruner folded+val_accuracy": lambda: DTGPruner(use_values=True, fold_batchnorm=True),
-        # the trial's hyper-parameters beside the checkpoints (known before it runs: still data-free)
+        "DTGPruner n_warmup_steps=2 (data-free)": lambda: DTGPruner(
+            use_values=False, covariates=None, n_warmup_steps=2
+        ),
+        "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(
+            use_values=True, covariates=None, n_warmup_steps=2
+        ),
+        "DTGPruner folded (data-free)": lambda: DTGPruner(use_values=False, covariates=None, fold_batchnorm=True),
+        "DTGPruner folded+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None, fold_batchnorm=True),
+        # the trial's hyper-parameters beside the checkpoints (known before it runs: still data-free);
+        # the default since covariates="auto" (the replayed trials suggest lr and dropout: the same names)
         "DTGPruner+covariates (data-free)": lambda: DTGPruner(use_values=False, covariates=["lr", "dropout"]),
         "DTGPruner+covariates+val_accuracy": lambda: DTGPruner(use_values=True, covariates=["lr", "dropout"]),
     }

@@ -165,7 +165,8 @@ def run_one(job: tuple[str, str, str, int]) -> dict:
     t0 = time.perf_counter()
     rows = []
     for order in orders:
-        pruner = DTGPruner(use_values=False, **{k: v for k, v in extra.items() if k != "C"})
+        # the rule as it shipped when this page was measured: the checkpoints alone (no covariates)
+        pruner = DTGPruner(use_values=False, covariates=None, **{k: v for k, v in extra.items() if k != "C"})
         rule = cls(direction="maximize", **pruner._params)
         rule.C = float(extra.get("C", rule.C))
         pruner._rules["maximize"] = rule  # the variant decides in place of the shipped rule

@@ -50,12 +50,23 @@ def _watch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--covariates",
         nargs="+",
-        default=None,
+        default=["auto"],
         metavar="NAME",
-        help="run.json fields the verdicts also learn from (e.g. lr dropout): hyper-parameters, not data",
+        help="hyper-parameters the verdicts also learn from: auto (default: the numbers of each run's grid "
+        "point in sweep.json, seeds left out), none (the checkpoints alone), or run.json field names (e.g. lr dropout)",
     )
     _user_model(p)
     _device(p)
+
+
+def _covariates(names: list[str]) -> str | list[str] | None:
+    """`--covariates`: `auto`, `none`, or names (`auto` and `none` only alone)."""
+    low = [n.lower() for n in names]
+    if low in (["auto"], ["none"]):
+        return None if low == ["none"] else "auto"
+    if "auto" in low or "none" in low:
+        raise ValueError(f"--covariates takes auto, none or hyper-parameter names, not a mix: {' '.join(names)}")
+    return names
 
 
 def _watch_run(a: argparse.Namespace) -> int:
@@ -75,7 +86,7 @@ def _watch_run(a: argparse.Namespace) -> int:
         use_values=False,
         fold_batchnorm=a.fold_batchnorm,
         warm_start=a.warm_start,
-        covariates=a.covariates,
+        covariates=_covariates(a.covariates),
     )
     watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)
     shown: dict[str, tuple] = {}

@@ -11,7 +11,7 @@ from dtg_gpu.early_stopping.records import (
     peer_score,
     run_records,
 )
-from dtg_gpu.early_stopping.rule import RULE_PARAMS, StoppingRule, rule_options
+from dtg_gpu.early_stopping.rule import RULE_PARAMS, StoppingRule, auto_covariates, is_seed_name, rule_options
 
 __all__ = [
     "RECORD_FEATURE_SETS",
@@ -24,4 +24,6 @@ __all__ = [
     "StoppingRule",
     "rule_options",
     "RULE_PARAMS",
+    "auto_covariates",
+    "is_seed_name",
 ]

@@ -141,8 +141,10 @@ class SweepWatcher:
         return Run(model=self.model, checkpoints=files, name=folder.name), False
 
     def _params(self, name: str, run) -> dict:
-        """A run's hyper-parameters, for the rule's `covariates`: its run.json, with the
-        grid point `sweep.json` gives it (a run still training has no run.json yet)."""
+        """A run's hyper-parameters, for the rule's `covariates`: the grid point `sweep.json`
+        gives it (a run still training has no run.json yet); for named covariates, its run.json
+        over that point. `"auto"` reads the grid point alone: run.json also holds the run's
+        results (`final_accuracy`), which are not hyper-parameters."""
         if not self.rule.covariates:
             return {}
         if self._grid is None:
@@ -160,8 +162,11 @@ class SweepWatcher:
             made = sweep_grid(meta)
             if made is not None and isinstance(names, list) and len(names) == len(made[1]):
                 self._grid = dict(zip(map(str, names), made[1]))
+        point = dict(self._grid.get(name, {}))
+        if self.rule.covariates == "auto":
+            return point
         meta = run.meta if isinstance(getattr(run, "meta", None), dict) else {}
-        return {**self._grid.get(name, {}), **meta}
+        return {**point, **meta}
 
     # ------------------------------------------------------------------- a pass
     @staticmethod

@@ -292,18 +292,19 @@ def test_real_study_prunes_keeps_the_best_and_resumes_with_the_same_decisions(tm
     res = dtg_gpu.analyze(trial_run(study, best, LeNet5()))
     assert res.converged.all()
     # every stored decision follows from the storage alone: a fresh rule, given the trials that
-    # had completed before the trial started, recomputes each probability exactly
+    # had completed before the trial started (with their params: covariates="auto" reads them),
+    # recomputes each probability exactly
     rule = StoppingRule(n_startup_trials=4, use_values=False, features="dtg_per_layer", min_probability=0.3, patience=1)
     for t in done:
         steps, recs = trial_records(t)
         finished = [
-            (u.number, trial_records(u)[1], None, u.value)
+            (u.number, trial_records(u)[1], None, u.value, u.params)
             for u in trials
             if u.state == optuna.trial.TrialState.COMPLETE and u.datetime_complete < t.datetime_start
         ]
         for s, step in enumerate(steps):
             stored = t.system_attrs[f"dtg:p:{step:09d}"]
-            again = rule.probability(recs[: s + 1], None, finished)
+            again = rule.probability(recs[: s + 1], None, finished, params=t.params)
             assert (stored is None and again is None) or stored == pytest.approx(again, abs=1e-9)
         assert (t.state == optuna.trial.TrialState.PRUNED) == rule.should_stop(
             [t.system_attrs[f"dtg:p:{st:09d}"] for st in steps]

@@ -136,3 +136,28 @@ def test_watch_covariates_read_the_grid_for_running_runs(live, capsys):
     assert main(["watch", str(out), "--once", "--json", "--n-startup", "6", "--covariates", "lr", "dropout"]) == 0
     by = {d["run"]: d for d in map(json.loads, capsys.readouterr().out.splitlines())}
     assert by[bad]["verdict"] == "stop" and by[good]["verdict"] == "continue"
+
+
+def test_watch_auto_covariates_read_the_grid_point_never_run_json_results(live, capsys):
+    """The default, covariates="auto": a finished run's hyper-parameters are its grid point in
+    sweep.json (lr, dropout; the seed is not read), never run.json, which holds its results."""
+    out, good, bad, empty = live
+    w = SweepWatcher(out, rule=StoppingRule(n_startup_trials=6, use_values=False))
+    assert w.rule.covariates == "auto"
+    names = json.loads((out / "sweep.json").read_text())["runs"]
+    finished = names[0]
+    run, done = w._run_of(out / finished)
+    assert done and "final_accuracy" in run.meta  # run.json has the result ...
+    params = w._params(finished, run)
+    assert params == dict(zip(names, CFG.grid()))[finished]  # ... the rule is given the grid point alone
+    assert w.rule.covariate_names([params]) == ("lr", "dropout")
+    v = {x.run: x for x in w.poll()}
+    assert v[bad].verdict == "stop" and v[good].verdict == "continue"
+    # the CLI: auto by default; none or names
+    assert main(["watch", str(out), "--once", "--json", "--n-startup", "6"]) == 0
+    by = {d["run"]: d for d in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert by[bad]["verdict"] == "stop"
+    assert main(["watch", str(out), "--once", "--json", "--n-startup", "6", "--covariates", "none"]) == 0
+    capsys.readouterr()
+    assert main(["watch", str(out), "--once", "--n-startup", "6", "--covariates", "auto", "lr"]) != 0
+    assert "--covariates takes auto, none or hyper-parameter names" in capsys.readouterr().err
