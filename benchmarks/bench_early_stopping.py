@@ -462,26 +462,52 @@ def _wilson(share: float, n: int) -> str:
     return f"[{max(0.0, c - h):.0%}, {min(1.0, c + h):.0%}]"
 
 
+#: the README's early-stopping table: these rows, ranged over the suite's sweeps
+README_ROWS = (
+    "DTGPruner (data-free)",
+    "DTGPruner+val_accuracy",
+    "DTGPruner+val_accuracy, value_median=None",
+    "MedianPruner",
+    "HyperbandPruner",
+)
+
+
+#: the data-free pruner with the trials' hyper-parameters (a row of the suite's replay): the
+#: default since covariates="auto" (the replayed trials suggest lr and dropout); with the value
+COVARIATES = "DTGPruner+covariates (data-free)"
+COVARIATES_VALUE = "DTGPruner+covariates+val_accuracy"
+#: the same pruners from the checkpoints alone (covariates=None; the default before "auto")
+PLAIN, PLAIN_VALUE = "DTGPruner (data-free)", "DTGPruner+val_accuracy"
+
+
 def goals(results: dict) -> list[str]:
-    """Issue #33's early-stopping goals, one row per sweep, met or missed with the numbers."""
+    """Issue #33's early-stopping goals, one row per sweep, met or missed with the numbers.
+
+    The goal rows are the default's: `covariates="auto"` reads the replayed trials' lr and
+    dropout, the rows `COVARIATES` and `COVARIATES_VALUE`; a page replayed before those rows
+    existed falls back to the pruner without them (and says so)."""
     rows = []
-    met = {"free": 0, "value": 0, "n": 0, "cov": 0, "cov_n": 0}
+    met = {"free": 0, "value": 0, "n": 0, "plain": 0, "plain_n": 0}
+    fallback = False
     for name, res in results["sweeps"].items():
         m = res["methods"]
-        free, val, med = m.get("DTGPruner (data-free)"), m.get("DTGPruner+val_accuracy"), m.get("MedianPruner")
-        cold, cov = m.get("DTGPruner cold (data-free)"), m.get(COVARIATES)
+        plain = m.get(PLAIN)
+        free, val = m.get(COVARIATES), m.get(COVARIATES_VALUE) or m.get(PLAIN_VALUE)
+        if free is None:
+            free, plain, fallback = plain, None, True
+        med, cold = m.get("MedianPruner"), m.get("DTGPruner cold (data-free)")
         if not (free and val and med):
             continue
         n = free["orderings"]
         ok_free = free["regret_zero_share"] >= 0.95 and free["saved_mean"] >= 0.5
         ok_val = val["saved_mean"] >= med["saved_mean"] and val["regret_mean"] <= med["regret_mean"] + 1e-12
-        if cov:
-            ok_cov = cov["regret_zero_share"] >= 0.95 and cov["saved_mean"] >= 0.5
-            met["cov"] += ok_cov
-            met["cov_n"] += 1
-        cov_cell = (
-            f"{cov['regret_zero_share']:.0%} / {cov['saved_mean']:.3f} ({'met' if ok_cov else 'missed'})"
-            if cov
+        if plain:
+            ok_plain = plain["regret_zero_share"] >= 0.95 and plain["saved_mean"] >= 0.5
+            met["plain"] += ok_plain
+            met["plain_n"] += 1
+        plain_cell = (
+            f"{plain['regret_zero_share']:.0%} / {plain['saved_mean']:.3f} ({'met' if ok_plain else 'missed'})"
+            if plain
             else "–"
         )
         met["free"] += ok_free
@@ -497,54 +523,45 @@ def goals(results: dict) -> list[str]:
             f"{free['saved_mean']:.3f} ± {free['saved_ci95']:.3f} | {'met' if ok_free else 'missed'} | "
             f"{val['saved_mean']:.3f} ± {val['saved_ci95']:.3f} / {val['regret_mean']:.4f} ± {val['regret_ci95']:.4f} | "
             f"{med['saved_mean']:.3f} ± {med['saved_ci95']:.3f} / {med['regret_mean']:.4f} ± {med['regret_ci95']:.4f} | "
-            f"{'met' if ok_val else 'missed'} | {first} | {cov_cell} |"
+            f"{'met' if ok_val else 'missed'} | {first} | {plain_cell} |"
         )
     if not rows:
         return []
+    rows_used = (
+        "the rows without covariates (this page was replayed before they existed)"
+        if fallback
+        else f"rows `{COVARIATES}` and `{COVARIATES_VALUE}` where replayed (else `{PLAIN_VALUE}`)"
+    )
     return [
         "## Goals",
         "",
         "Data-free: `DTGPruner(use_values=False)` keeps the best run (R = 0: a completed trial reaches the "
         "sweep's best final accuracy) in ≥ 95 % of the orderings and saves "
         "≥ 50 % of the compute. With the value: `DTGPruner(use_values=True)` saves at least as much as "
-        "`MedianPruner` at no more mean regret. Intervals: 95 % (Wilson for shares, normal for means "
+        '`MedianPruner` at no more mean regret. Both as they ship, `covariates="auto"` (the replayed trials '
+        f"suggest lr and dropout): {rows_used}. Intervals: 95 % (Wilson for shares, normal for means "
         f"over the orderings). *First {FIRST_TRIALS} trials*: compute saved on the first {FIRST_TRIALS} "
-        "trials of a study, without → with the warm start (`warm_start=False` → default). *With covariates*: "
-        "the data-free pruner that also reads each trial's learning rate and dropout "
-        "(`covariates=['lr', 'dropout']`), best kept / S (the data-free goal).",
+        "trials of a study, cold start without covariates → default. *Checkpoints alone*: the data-free "
+        "pruner with `covariates=None`, best kept / S (the data-free goal).",
         "",
         "| sweep | data-free: best kept | data-free: S | goal | with value: S / R mean | MedianPruner: S / R mean "
-        f"| goal | first {FIRST_TRIALS} trials (data-free) | with covariates (data-free) |",
+        f"| goal | first {FIRST_TRIALS} trials (data-free) | checkpoints alone (data-free) |",
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Met: data-free {met['free']} of {met['n']} sweeps; with the value {met['value']} of {met['n']}"
-        + (f"; data-free with covariates {met['cov']} of {met['cov_n']}." if met["cov_n"] else "."),
+        + (f"; data-free from the checkpoints alone {met['plain']} of {met['plain_n']}." if met["plain_n"] else "."),
         "",
     ]
 
 
-#: the README's early-stopping table: these rows, ranged over the suite's sweeps
-README_ROWS = (
-    "DTGPruner (data-free)",
-    "DTGPruner+val_accuracy",
-    "DTGPruner+val_accuracy, value_median=None",
-    "MedianPruner",
-    "HyperbandPruner",
-)
-
-
-#: the data-free pruner with the trials' hyper-parameters (a row of the suite's replay)
-COVARIATES = "DTGPruner+covariates (data-free)"
-
-
 def ranges(results: dict) -> list[str]:
-    """The README's table: for each of `README_ROWS` (and the covariates row where every
-    sweep has it), S, R = 0 and mean regret ranged over the sweeps that have every row."""
+    """The README's table: for each of `README_ROWS` (and the covariates rows, the default's,
+    where every sweep has them), S, R = 0 and mean regret ranged over the sweeps that have every row."""
     sweeps = [r["methods"] for r in results["sweeps"].values() if all(m in r["methods"] for m in README_ROWS)]
     if not sweeps:
         return []
-    names = [*README_ROWS, *([COVARIATES] if all(COVARIATES in m for m in sweeps) else [])]
+    names = [*README_ROWS, *(c for c in (COVARIATES, COVARIATES_VALUE) if all(c in m for m in sweeps))]
     lines = [
         f"## Over the {len(sweeps)} sweeps (the README's table)",
         "",

@@ -168,11 +168,17 @@ def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
         for r in m["methods"].values():
             r.update(orderings=20, saved_ci95=0.01, regret_ci95=0.001)
     g = es.goals({"sweeps": both})
-    assert "| 100% / 0.550 (met) |" in next(line for line in g if line.startswith("| a |"))
-    assert "| 95% / 0.450 (missed) |" in next(line for line in g if line.startswith("| b |"))
-    assert g[-2].endswith("data-free with covariates 1 of 2.")
+    # the goal rows are the default's (covariates="auto": the covariates rows); the checkpoints
+    # alone (covariates=None) in the last column
+    a, b = (next(line for line in g if line.startswith(f"| {n} |")) for n in "ab")
+    assert a.startswith("| a | 100% [84%, 100%] | 0.550 ± 0.010 | met |") and a.endswith("| 90% / 0.600 (missed) |")
+    assert b.startswith("| b | 95% [76%, 99%] | 0.450 ± 0.010 | missed |") and b.endswith("| 100% / 0.700 (met) |")
+    assert g[-2] == "Met: data-free 1 of 2 sweeps; with the value 1 of 2; data-free from the checkpoints alone 1 of 2."
     both["b"]["methods"].pop(es.COVARIATES)
     assert not any(es.COVARIATES in line for line in es.ranges({"sweeps": both}))
+    # a page replayed before the covariates rows: the goals fall back to the rows without, and say so
+    old = es.goals({"sweeps": {"b": both["b"]}})
+    assert "this page was replayed before they existed" in old[2] and old[-2].endswith("with the value 0 of 1.")
 
 
 def test_approximate_leave_one_out_matches_refitting_without_each_run():
