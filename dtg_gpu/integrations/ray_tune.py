@@ -199,7 +199,8 @@ class DTGScheduler(FIFOScheduler):
     **rule
         The stopping rule's options ([`rule_options`][dtg_gpu.early_stopping.rule.rule_options]),
         as in [`DTGPruner`][dtg_gpu.integrations.optuna.DTGPruner]; `n_warmup_steps` counts
-        checkpoints.
+        checkpoints; `covariates="auto"` (the default) reads the top-level numbers of each
+        trial's config but seeds.
     """
 
     def __init__(
@@ -284,7 +285,9 @@ class DTGStopper(Stopper):
     metric, mode : str
         The value that labels finished trials.
     checkpoint_file, predictor, **rule
-        As in [`DTGScheduler`][dtg_gpu.integrations.ray_tune.DTGScheduler].
+        As in [`DTGScheduler`][dtg_gpu.integrations.ray_tune.DTGScheduler]; the
+        hyper-parameters for `covariates` come from each result's `"config"` (Ray Tune puts
+        the trial's config there).
     """
 
     def __init__(
