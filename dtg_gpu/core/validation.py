@@ -24,8 +24,13 @@ def is_number(x: Any) -> TypeGuard[float]:
 
 
 def is_finite_number(x: Any) -> TypeGuard[float]:
-    """A finite real number, not a bool."""
-    return is_number(x) and math.isfinite(float(x))
+    """A finite real number, not a bool (an int too large for a float is not finite)."""
+    if not is_number(x):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
 
 
 def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:

@@ -79,9 +79,11 @@ def auto_covariates(params: Sequence[Mapping | None]) -> tuple[str, ...]:
 
 
 def _covariate_columns(H: np.ndarray, centre: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """`[z, z**2]` per covariate, z standardised by the finished runs' mean and spread; a
-    missing value (NaN) is the mean (z = 0)."""
-    z = np.nan_to_num((H - centre[0]) / centre[1], nan=0.0, posinf=0.0, neginf=0.0)
+    """`[z, z**2]` per covariate, z standardised by the finished runs' mean and spread and
+    clipped to [-10, 10] (a value far outside the finished runs' range, or one so large its
+    spread overflows, reads as the range's edge); a missing value (NaN) is the mean (z = 0)."""
+    with np.errstate(all="ignore"):
+        z = np.clip(np.nan_to_num((H - centre[0]) / centre[1], nan=0.0, posinf=10.0, neginf=-10.0), -10.0, 10.0)
     return np.hstack([z, z**2])
 
 
@@ -512,13 +514,13 @@ class StoppingRule:
         names = self.covariate_names(params)
         if names:
             raw = self._covariate_values(params, names, np.zeros(len(names), dtype=bool))[good]
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore", RuntimeWarning)
                 # a rate searched on a log scale: positive, spanning 100x or more
                 logs = (np.nanmin(raw, axis=0) > 0) & (np.nanmax(raw, axis=0) >= 100 * np.nanmin(raw, axis=0))
             logs &= np.array([n not in LOG_COVARIATES for n in names])
             H = self._covariate_values(params, names, logs)[good]
-            with warnings.catch_warnings():  # a covariate no finished run has: an all-NaN column
+            with warnings.catch_warnings(), np.errstate(all="ignore"):  # an all-NaN column; 1e300s
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean, std = np.nanmean(H, axis=0), np.nanstd(H, axis=0)
             centre = (np.nan_to_num(mean), np.where(np.isfinite(std) & (std > 0), std, 1.0), names, logs)

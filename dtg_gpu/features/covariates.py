@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dtg_gpu.core.validation import is_number
+from dtg_gpu.core.validation import is_finite_number
 from dtg_gpu.io.run import Run
 
 __all__ = ["covariate_matrix", "covariate_value", "LOG_COVARIATES"]
@@ -20,7 +20,7 @@ LOG_COVARIATES = ("lr", "learning_rate", "weight_decay", "wd")
 def covariate_value(name: str, v: object) -> float:
     r"""One hyper-parameter as a covariate column takes it: $\log_{10}$ for `LOG_COVARIATES`
     (0 as -10), the number itself otherwise; NaN when it is not a finite number (a bool is not)."""
-    x = float(v) if is_number(v) else math.nan
+    x = float(v) if is_finite_number(v) else math.nan
     if name in LOG_COVARIATES:
         x = math.log10(x) if x > 0 else (-10.0 if x == 0 else math.nan)
     return x

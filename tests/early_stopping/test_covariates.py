@@ -66,6 +66,10 @@ def test_learning_rates_are_taken_as_log10_as_featurize_takes_them():
     )
     assert H[0].tolist() == [-2.0, 0.5, -10.0]
     assert np.isnan(H[1]).all() and np.isnan(H[2]).all()  # a bool is not a number here
+    from dtg_gpu.features.covariates import covariate_value
+
+    # an int past what a float holds, or an infinity: not a finite number, so missing (not an error)
+    assert all(math.isnan(covariate_value(n, v)) for n in ("lr", "dropout") for v in (10**400, float("inf")))
 
 
 @pytest.mark.parametrize("bad", ["lr", [1, 2], [""], {"lr": 1}])
@@ -189,3 +193,31 @@ def test_the_optuna_pruner_reads_trial_params_by_default():
         verdicts[lr] = t.should_prune()
         study.tell(t, state=optuna.trial.TrialState.PRUNED if verdicts[lr] else optuna.trial.TrialState.FAIL)
     assert verdicts == {1e-4: True, 1e-3: False, 1e-2: False, 1e-1: False, 1.0: True}
+
+
+def test_auto_survives_whatever_a_front_end_passes():
+    """Hyper-parameters come from user code (trial.params, a Ray config): any mix of numbers,
+    NaN, infinities, huge or tiny values, bools, words, lists, dicts and None gives a P in
+    [0, 1], never an exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    value = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(10**400), max_value=10**400),  # past what a float holds
+        st.booleans(),
+        st.text(max_size=3),
+        st.none(),
+        st.lists(st.floats(), max_size=2),
+        st.dictionaries(st.text(max_size=2), st.floats(), max_size=2),
+    )
+    params = st.dictionaries(st.sampled_from(["lr", "dropout", "wd", "seed", "width", "x"]), value, max_size=5)
+
+    @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.lists(params, min_size=12, max_size=12), params)
+    def check(finished, own):
+        fin = [(f"r{i}", _noise(i), None, 0.9 if i % 2 else 0.2, p) for i, p in enumerate(finished)]
+        p = StoppingRule(features="dtg").probability(_noise(99), None, fin, params=own)
+        assert p is not None and 0.0 <= p <= 1.0
+
+    check()
