@@ -102,6 +102,8 @@ SUITE_METHODS = (
     "DTGPruner folded (data-free)",
     "DTGPruner folded+val_accuracy",
     "DTGPruner+covariates (data-free)",
+    "DTGPruner+covariates+val_accuracy",
+    "DTGPruner+val_accuracy (default)",
 )
 
 
@@ -117,11 +119,13 @@ def methods(quick: bool) -> dict:
         "WilcoxonPruner": lambda: P.WilcoxonPruner(),
         "DTGPruner (data-free)": lambda: DTGPruner(use_values=False, covariates=None),
         "DTGPruner cold (data-free)": lambda: DTGPruner(use_values=False, covariates=None, warm_start=False),
-        "DTGPruner cold+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None, warm_start=False),
+        "DTGPruner cold+val_accuracy": lambda: DTGPruner(
+            use_values=True, covariates=None, value_leader=None, warm_start=False
+        ),
         "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(
             use_values=False, covariates=None, features="dtg+weight_stats"
         ),
-        "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None),
+        "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None, value_leader=None),
         # the rule before MedianPruner's test on the value (the value one more input to P)
         "DTGPruner+val_accuracy, value_median=None": lambda: DTGPruner(
             use_values=True, covariates=None, value_median=None
@@ -131,14 +135,21 @@ def methods(quick: bool) -> dict:
             use_values=False, covariates=None, n_warmup_steps=2
         ),
         "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(
-            use_values=True, covariates=None, n_warmup_steps=2
+            use_values=True, covariates=None, value_leader=None, n_warmup_steps=2
         ),
         "DTGPruner folded (data-free)": lambda: DTGPruner(use_values=False, covariates=None, fold_batchnorm=True),
-        "DTGPruner folded+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None, fold_batchnorm=True),
+        "DTGPruner folded+val_accuracy": lambda: DTGPruner(
+            use_values=True, covariates=None, value_leader=None, fold_batchnorm=True
+        ),
         # the trial's hyper-parameters beside the checkpoints (known before it runs: still data-free);
         # the default since covariates="auto" (the replayed trials suggest lr and dropout: the same names)
         "DTGPruner+covariates (data-free)": lambda: DTGPruner(use_values=False, covariates=["lr", "dropout"]),
-        "DTGPruner+covariates+val_accuracy": lambda: DTGPruner(use_values=True, covariates=["lr", "dropout"]),
+        "DTGPruner+covariates+val_accuracy": lambda: DTGPruner(
+            use_values=True, covariates=["lr", "dropout"], value_leader=None
+        ),
+        # as it ships: covariates="auto" (lr and dropout here) and value_leader=0.75 (a run in the
+        # finished runs' top quarter by value is not the checkpoints' to stop)
+        "DTGPruner+val_accuracy (default)": lambda: DTGPruner(use_values=True),
     }
     return m
 
@@ -476,6 +487,8 @@ README_ROWS = (
 #: default since covariates="auto" (the replayed trials suggest lr and dropout); with the value
 COVARIATES = "DTGPruner+covariates (data-free)"
 COVARIATES_VALUE = "DTGPruner+covariates+val_accuracy"
+#: the with-value pruner as it ships (covariates="auto", value_leader=0.75)
+DEFAULT_VALUE = "DTGPruner+val_accuracy (default)"
 #: the same pruners from the checkpoints alone (covariates=None; the default before "auto")
 PLAIN, PLAIN_VALUE = "DTGPruner (data-free)", "DTGPruner+val_accuracy"
 
@@ -492,7 +505,7 @@ def goals(results: dict) -> list[str]:
     for name, res in results["sweeps"].items():
         m = res["methods"]
         plain = m.get(PLAIN)
-        free, val = m.get(COVARIATES), m.get(COVARIATES_VALUE) or m.get(PLAIN_VALUE)
+        free, val = m.get(COVARIATES), m.get(DEFAULT_VALUE) or m.get(COVARIATES_VALUE) or m.get(PLAIN_VALUE)
         if free is None:
             free, plain, fallback = plain, None, True
         med, cold = m.get("MedianPruner"), m.get("DTGPruner cold (data-free)")
@@ -530,7 +543,8 @@ def goals(results: dict) -> list[str]:
     rows_used = (
         "the rows without covariates (this page was replayed before they existed)"
         if fallback
-        else f"rows `{COVARIATES}` and `{COVARIATES_VALUE}` where replayed (else `{PLAIN_VALUE}`)"
+        else f"rows `{COVARIATES}` and `{DEFAULT_VALUE}` where replayed (else `{COVARIATES_VALUE}`, "
+        f"else `{PLAIN_VALUE}`)"
     )
     return [
         "## Goals",
@@ -561,7 +575,10 @@ def ranges(results: dict) -> list[str]:
     sweeps = [r["methods"] for r in results["sweeps"].values() if all(m in r["methods"] for m in README_ROWS)]
     if not sweeps:
         return []
-    names = [*README_ROWS, *(c for c in (COVARIATES, COVARIATES_VALUE) if all(c in m for m in sweeps))]
+    names = [
+        *README_ROWS,
+        *(c for c in (COVARIATES, COVARIATES_VALUE, DEFAULT_VALUE) if all(c in m for m in sweeps)),
+    ]
     lines = [
         f"## Over the {len(sweeps)} sweeps (the README's table)",
         "",

@@ -174,6 +174,11 @@ def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
     assert a.startswith("| a | 100% [84%, 100%] | 0.550 ± 0.010 | met |") and a.endswith("| 90% / 0.600 (missed) |")
     assert b.startswith("| b | 95% [76%, 99%] | 0.450 ± 0.010 | missed |") and b.endswith("| 100% / 0.700 (met) |")
     assert g[-2] == "Met: data-free 1 of 2 sweeps; with the value 1 of 2; data-free from the checkpoints alone 1 of 2."
+    # the with-value pruner as it ships (value_leader) is the goal row where replayed
+    both["b"]["methods"][es.DEFAULT_VALUE] = row(0.9, 0.5, 0.0) | {"orderings": 20, "saved_ci95": 0, "regret_ci95": 0}
+    b = next(line for line in es.goals({"sweeps": both}) if line.startswith("| b |"))
+    assert "| 0.900 ± 0.000 / 0.0000 ± 0.0000 | 0.800 ± 0.010 / 0.0200 ± 0.0010 | met |" in b
+    both["b"]["methods"].pop(es.DEFAULT_VALUE)
     both["b"]["methods"].pop(es.COVARIATES)
     assert not any(es.COVARIATES in line for line in es.ranges({"sweeps": both}))
     # a page replayed before the covariates rows: the goals fall back to the rows without, and say so

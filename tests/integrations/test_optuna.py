@@ -335,6 +335,45 @@ def test_the_value_median_test_stops_a_run_behind_the_finished_ones():
             StoppingRule(value_median=bad)
 
 
+def test_a_run_leading_by_value_is_not_the_checkpoints_to_stop():
+    """value_leader: with the value's test on, a run whose best value so far is in the finished
+    runs' top quarter at its checkpoint gets P >= value_median (the checkpoints alone cannot stop
+    it); below that quantile, or with value_leader=None, the checkpoints' P stands."""
+    # the checkpoints say "bad" for every run like `mine` (log lambda flat), "good" for growing ones;
+    # the values (one per pair of a good and a bad run) say nothing
+    fin = [
+        (f"f{i}", _lam(0.0, 0.5 * (i % 2)), [0.2, 0.5 + 0.04 * (i // 2)], 0.9 if i % 2 else 0.2, {}) for i in range(12)
+    ]
+    values_at_2 = np.array([f[2][1] for f in fin])
+    q75 = float(np.quantile(values_at_2, 0.75))
+    rule = StoppingRule(warm_start=False, n_startup_trials=10, features="dtg+eigenvalue", covariates=None, C=100.0)
+    plain = StoppingRule(
+        warm_start=False, n_startup_trials=10, features="dtg+eigenvalue", covariates=None, C=100.0, value_leader=None
+    )
+    mine = _lam(0.0, 0.0)
+    low = plain.probability(mine, [0.3, q75], fin)
+    assert low is not None and low < 0.1  # the checkpoints are sure ...
+    assert plain.should_stop([low], values=[0.3, q75])  # ... and stop it without the guard
+    lead = rule.probability(mine, [0.3, q75], fin)
+    assert lead == pytest.approx(0.1) and not rule.should_stop([lead], values=[0.3, q75])  # at q75: kept
+    below = q75 - 1e-6  # ahead of the median, just below the top quarter: the checkpoints decide
+    assert float(np.median(values_at_2)) < below and rule.probability(mine, [0.3, below], fin) == low
+    # minimize: leading means low values
+    mini = StoppingRule(
+        warm_start=False,
+        n_startup_trials=10,
+        features="dtg+eigenvalue",
+        covariates=None,
+        direction="minimize",
+        threshold=0.5,
+    )
+    q25 = float(np.quantile(values_at_2, 0.25))
+    assert mini.probability(mine, [0.9, q25], fin) >= 0.1
+    for bad in (0, 1, 1.5, True, "x"):
+        with pytest.raises(ValueError, match="value_leader must be in"):
+            StoppingRule(value_leader=bad)
+
+
 def test_with_the_value_the_pruner_prunes_what_median_pruner_prunes():
     """The value's test is Optuna's MedianPruner, decision for decision: replayed on one random
     study with the checkpoints unable to decide (no online model, no warm start)."""
