@@ -203,7 +203,7 @@ class StoppingRule:
         dozen runs, is wrong about such runs more often than a sweep can afford (its best run).
         Replayed on the suite's ten sweeps, the with-value goal (saving at least
         `MedianPruner`'s at no more mean regret) went from 7 to 8 of 10 with it
-        (`benchmarks/results/early_stopping_suite_ten.md`). `None`: off (dtg_gpu before 0.9).
+        (`benchmarks/results/early_stopping_suite_ten.md`). `None`: off (the rule until 2026-12-08).
     covariates : "auto", sequence of str or None, default "auto"
         Hyper-parameters of each run that the online model reads beside the checkpoints:
         each name gives two columns, $z$ and $z^2$ with $z$ the value standardised over the
@@ -219,7 +219,7 @@ class StoppingRule:
         `dtg watch`: the run's grid point in `sweep.json` (never `run.json`, which holds the
         run's results); nothing when no hyper-parameters are passed. Explicit names: those
         (`dtg watch` reads them from `run.json` over the grid point). `None`: the
-        checkpoints alone (dtg_gpu before 0.9). Hyper-parameters are known before a run
+        checkpoints alone (the default until 2026-12-07). Hyper-parameters are known before a run
         starts and are not data: with `use_values=False` the rule stays data-free. Online
         learning only: with a given `predictor`, `"auto"` reads nothing and names are
         refused. Replayed on the suite (`benchmarks/results/early_stopping_suite_ten.md`),
@@ -288,7 +288,7 @@ class StoppingRule:
             raise ValueError(f"C must be positive, got {self.C!r}")
         check_alpha(self.alpha)
         cov = self.covariates
-        if cov == "auto":
+        if isinstance(cov, str) and cov == "auto":
             if self.predictor is not None:
                 self.covariates = None  # a given predictor reads its own features
         elif cov is not None:

@@ -72,7 +72,7 @@ def test_learning_rates_are_taken_as_log10_as_featurize_takes_them():
     assert all(math.isnan(covariate_value(n, v)) for n in ("lr", "dropout") for v in (10**400, float("inf")))
 
 
-@pytest.mark.parametrize("bad", ["lr", [1, 2], [""], {"lr": 1}])
+@pytest.mark.parametrize("bad", ["lr", [1, 2], [""], {"lr": 1}, np.array(["lr"])])
 def test_covariates_must_be_a_list_of_names(bad):
     with pytest.raises(ValueError, match="covariates must be 'auto', None or a list of hyper-parameter names"):
         rule_options(covariates=bad)
