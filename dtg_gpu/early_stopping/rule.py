@@ -78,6 +78,16 @@ def auto_covariates(params: Sequence[Mapping | None]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _log10_columns(H: np.ndarray, logs: np.ndarray) -> np.ndarray:
+    r"""`H` with the columns `logs` marks as $\log_{10}$ (NaN where not positive)."""
+    if not logs.any():
+        return H
+    H = H.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        H[:, logs] = np.where(H[:, logs] > 0, np.log10(H[:, logs]), np.nan)
+    return H
+
+
 def _covariate_columns(H: np.ndarray, centre: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """`[z, z**2]` per covariate, z standardised by the finished runs' mean and spread and
     clipped to [-10, 10] (a value far outside the finished runs' range, or one so large its
@@ -299,7 +309,7 @@ class StoppingRule:
             ):
                 raise ValueError(f"covariates must be 'auto', None or a list of hyper-parameter names, got {cov!r}")
             self.covariates = tuple(dict.fromkeys(cov)) or None
-        if self.predictor is not None and self.covariates and self.covariates != "auto":
+        if self.predictor is not None and self.covariates:  # "auto" became None above
             raise ValueError(
                 "covariates are read by the online model only; a given predictor reads its own features: "
                 "drop covariates, or predictor"
@@ -532,13 +542,13 @@ class StoppingRule:
         params = [r[4] if len(r) > 4 else None for r in rows]
         names = self.covariate_names(params)
         if names:
-            raw = self._covariate_values(params, names, np.zeros(len(names), dtype=bool))[good]
+            H = self._covariate_values(params, names)[good]
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore", RuntimeWarning)
                 # a rate searched on a log scale: positive, spanning 100x or more
-                logs = (np.nanmin(raw, axis=0) > 0) & (np.nanmax(raw, axis=0) >= 100 * np.nanmin(raw, axis=0))
+                logs = (np.nanmin(H, axis=0) > 0) & (np.nanmax(H, axis=0) >= 100 * np.nanmin(H, axis=0))
             logs &= np.array([n not in LOG_COVARIATES for n in names])
-            H = self._covariate_values(params, names, logs)[good]
+            H = _log10_columns(H, logs)
             with warnings.catch_warnings(), np.errstate(all="ignore"):  # an all-NaN column; 1e300s
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean, std = np.nanmean(H, axis=0), np.nanstd(H, axis=0)
@@ -566,10 +576,7 @@ class StoppingRule:
             [[covariate_value(n, p.get(n) if isinstance(p, Mapping) else None) for n in names] for p in params],
             dtype=float,
         ).reshape(len(params), len(names))
-        if logs is not None and logs.any():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                H[:, logs] = np.where(H[:, logs] > 0, np.log10(H[:, logs]), np.nan)
-        return H
+        return H if logs is None else _log10_columns(H, logs)
 
     # ----------------------------------------------------------------- decision
     def should_stop(

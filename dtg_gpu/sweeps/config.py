@@ -111,11 +111,12 @@ class SweepConfig:
         ]
 
 
-#: Grids the presets share (learning rates for SGD on LeNet-5, SGD on the batch-norm nets, Adam;
+#: Grids the presets share (learning rates for SGD on LeNet-5, SGD on the batch-norm nets, Adam, AdamW;
 #: four or three dropout rates).
 _LENET_SGD_LRS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1, 0.3)
 _SGD_LRS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 _ADAM_LRS = (0.0001, 0.0003, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
+_ADAMW_LRS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 _DROPOUTS_4 = (0.0, 0.25, 0.5, 0.75)
 _DROPOUTS_3 = (0.0, 0.25, 0.5)
 
@@ -189,7 +190,7 @@ PRESETS: dict[str, SweepConfig] = {
     "resnet20-shapes-adamw": SweepConfig(
         model="resnet20",
         dataset="shapes",
-        lrs=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+        lrs=_ADAMW_LRS,
         dropouts=_DROPOUTS_3,
         seeds=4,
         epochs=12,
@@ -273,7 +274,7 @@ PRESETS: dict[str, SweepConfig] = {
     "vgg11bn-shapes-adamw": SweepConfig(
         model="vgg11",
         dataset="shapes",
-        lrs=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+        lrs=_ADAMW_LRS,
         dropouts=_DROPOUTS_4,
         seeds=3,
         epochs=16,
