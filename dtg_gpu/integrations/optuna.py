@@ -239,8 +239,9 @@ class DTGPruner(optuna.pruners.BasePruner):
         with values), `n_peers=5`, `value_median=0.1` (with the values the trial reports: a
         trial whose best value is behind the completed trials' median at its step is pruned,
         as `MedianPruner` prunes it, and the checkpoints prune one only below 0.1),
-        `value_leader=0.75` (with that test on, the checkpoints do not prune a trial whose
-        best value so far is in the completed trials' top quarter at its step),
+        `value_leader=0.5` (with that test on, the checkpoints do not prune a trial whose
+        best value so far is at or above the completed trials' median at its step: from 5
+        completed trials on the value decides, as in `MedianPruner`),
         `covariates="auto"` (the trial's numeric `trial.params`, seeds left out, read by the
         online model beside the checkpoints; names such as `["lr", "dropout"]` read those,
         `None` the checkpoints alone)); the study's direction is respected.

@@ -336,9 +336,10 @@ def test_the_value_median_test_stops_a_run_behind_the_finished_ones():
 
 
 def test_a_run_leading_by_value_is_not_the_checkpoints_to_stop():
-    """value_leader: with the value's test on, a run whose best value so far is in the finished
-    runs' top quarter at its checkpoint gets P >= value_median (the checkpoints alone cannot stop
-    it); below that quantile, or with value_leader=None, the checkpoints' P stands."""
+    """value_leader=0.75 (the default of 2026-12-08; now 0.5): with the value's test on, a run
+    whose best value so far is in the finished runs' top quarter at its checkpoint gets
+    P >= value_median (the checkpoints alone cannot stop it); below that quantile, or with
+    value_leader=None, the checkpoints' P stands."""
     # the checkpoints say "bad" for every run like `mine` (log lambda flat), "good" for growing ones;
     # the values (one per pair of a good and a bad run) say nothing
     fin = [
@@ -346,7 +347,9 @@ def test_a_run_leading_by_value_is_not_the_checkpoints_to_stop():
     ]
     values_at_2 = np.array([f[2][1] for f in fin])
     q75 = float(np.quantile(values_at_2, 0.75))
-    rule = StoppingRule(warm_start=False, n_startup_trials=10, features="dtg+eigenvalue", covariates=None, C=100.0)
+    rule = StoppingRule(
+        warm_start=False, n_startup_trials=10, features="dtg+eigenvalue", covariates=None, C=100.0, value_leader=0.75
+    )
     plain = StoppingRule(
         warm_start=False, n_startup_trials=10, features="dtg+eigenvalue", covariates=None, C=100.0, value_leader=None
     )
@@ -366,39 +369,68 @@ def test_a_run_leading_by_value_is_not_the_checkpoints_to_stop():
         covariates=None,
         direction="minimize",
         threshold=0.5,
+        value_leader=0.75,
     )
     q25 = float(np.quantile(values_at_2, 0.25))
     assert mini.probability(mine, [0.9, q25], fin) >= 0.1
+    # the default (0.5): ahead of the median is enough
+    default = StoppingRule(warm_start=False, n_startup_trials=10, features="dtg+eigenvalue", covariates=None, C=100.0)
+    assert default.value_leader == 0.5 and default.probability(mine, [0.3, below], fin) == pytest.approx(0.1)
     for bad in (0, 1, 1.5, True, "x"):
         with pytest.raises(ValueError, match="value_leader must be in"):
             StoppingRule(value_leader=bad)
+
+
+def _replay_values(pruner, curves: np.ndarray, finals: np.ndarray, grow: bool = False) -> list[tuple[int, int]]:
+    """A study of `len(curves)` trials reporting `curves[i]` as values (and `_net(i)` as
+    weights, scaled by 1 + finals[i] at every step with `grow`: log lambda then grows with the
+    final accuracy); returns the (trial, step) pairs pruned."""
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    cut = []
+    for i, curve in enumerate(curves):
+        t, net = study.ask(), _net(i)
+        for s, v in enumerate(curve):
+            if grow:
+                with torch.no_grad():
+                    for p in net.parameters():
+                        p.mul_(1.0 + finals[i])
+            report(t, net, s, float(v))
+            if t.should_prune():
+                cut.append((i, s))
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                break
+        else:
+            study.tell(t, float(finals[i]))
+    return cut
 
 
 def test_with_the_value_the_pruner_prunes_what_median_pruner_prunes():
     """The value's test is Optuna's MedianPruner, decision for decision: replayed on one random
     study with the checkpoints unable to decide (no online model, no warm start)."""
     rng = np.random.default_rng(0)
-    curves = np.cumsum(
-        rng.uniform(-0.08, 0.1, size=(24, 5)), axis=1
-    )  # not monotone: best so far matters + rng.uniform(0, 0.5, size=(24, 1))
+    curves = np.cumsum(rng.uniform(-0.08, 0.1, size=(24, 5)), axis=1)  # not monotone: best so far matters
     finals = curves[:, -1] + rng.normal(0, 0.02, 24)
+    ours = _replay_values(DTGPruner(use_values=True, warm_start=False, n_startup_trials=1000), curves, finals)
+    assert ours == _replay_values(optuna.pruners.MedianPruner(), curves, finals) and len(ours) >= 5
+    # value_median=None: the value is one input to P, nothing is cut without the online model
+    plain = DTGPruner(use_values=True, warm_start=False, n_startup_trials=1000, value_median=None)
+    assert _replay_values(plain, curves, finals) == []
+
+
+def test_by_default_the_value_decides_once_five_trials_completed():
+    """value_leader=0.5 (default): once 5 trials have completed, a trial at or above their median
+    value is not the checkpoints' to prune and one below it is pruned by the value's test, so the
+    pruner decides as MedianPruner does, even where the checkpoints' online model (which knows
+    the final accuracy from the weights here) would prune more: with value_leader=None it does."""
+    rng = np.random.default_rng(1)
+    curves = np.cumsum(rng.uniform(-0.08, 0.1, size=(30, 5)), axis=1)
+    finals = rng.uniform(0, 1, 30)  # the values say nothing of it; the weights do
 
     def replay(pruner) -> list[tuple[int, int]]:
-        study = optuna.create_study(direction="maximize", pruner=pruner)
-        cut = []
-        for i, curve in enumerate(curves):
-            t, net = study.ask(), _net(i)
-            for s, v in enumerate(curve):
-                report(t, net, s, float(v))
-                if t.should_prune():
-                    cut.append((i, s))
-                    study.tell(t, state=optuna.trial.TrialState.PRUNED)
-                    break
-            else:
-                study.tell(t, float(finals[i]))
-        return cut
+        return _replay_values(pruner, curves, finals, grow=True)
 
-    ours = replay(DTGPruner(use_values=True, warm_start=False, n_startup_trials=1000))
-    assert ours == replay(optuna.pruners.MedianPruner()) and len(ours) >= 5
-    # value_median=None: the value is one input to P, nothing is cut without the online model
-    assert replay(DTGPruner(use_values=True, warm_start=False, n_startup_trials=1000, value_median=None)) == []
+    options = dict(use_values=True, warm_start=False, n_startup_trials=5, covariates=None)
+    median = replay(optuna.pruners.MedianPruner())
+    assert replay(DTGPruner(**options)) == median and len(median) >= 5
+    more = replay(DTGPruner(**options, value_leader=None))
+    assert set(more) - set(median)  # the checkpoints alone would prune trials the value keeps
