@@ -105,6 +105,7 @@ SUITE_METHODS = (
     "DTGPruner+covariates+val_accuracy",
     "DTGPruner+val_accuracy, value_leader=0.75",
     "DTGPruner+val_accuracy (default)",
+    "DTGPruner (data-free, default)",
 )
 
 
@@ -118,42 +119,55 @@ def methods(quick: bool) -> dict:
         "HyperbandPruner": lambda: P.HyperbandPruner(),
         "PatientPruner(Median)": lambda: P.PatientPruner(P.MedianPruner(), patience=2),
         "WilcoxonPruner": lambda: P.WilcoxonPruner(),
-        "DTGPruner (data-free)": lambda: DTGPruner(use_values=False, covariates=None),
-        "DTGPruner cold (data-free)": lambda: DTGPruner(use_values=False, covariates=None, warm_start=False),
+        "DTGPruner (data-free)": lambda: DTGPruner(use_values=False, covariates=None, novelty_guard=False),
+        "DTGPruner cold (data-free)": lambda: DTGPruner(
+            use_values=False, covariates=None, warm_start=False, novelty_guard=False
+        ),
         "DTGPruner cold+val_accuracy": lambda: DTGPruner(
-            use_values=True, covariates=None, value_leader=None, warm_start=False
+            use_values=True, covariates=None, value_leader=None, warm_start=False, novelty_guard=False
         ),
         "DTGPruner+weight_stats (data-free)": lambda: DTGPruner(
-            use_values=False, covariates=None, features="dtg+weight_stats"
+            use_values=False, covariates=None, features="dtg+weight_stats", novelty_guard=False
         ),
-        "DTGPruner+val_accuracy": lambda: DTGPruner(use_values=True, covariates=None, value_leader=None),
+        "DTGPruner+val_accuracy": lambda: DTGPruner(
+            use_values=True, covariates=None, value_leader=None, novelty_guard=False
+        ),
         # the rule before MedianPruner's test on the value (the value one more input to P)
         "DTGPruner+val_accuracy, value_median=None": lambda: DTGPruner(
-            use_values=True, covariates=None, value_median=None
+            use_values=True, covariates=None, value_median=None, novelty_guard=False
         ),
         # no decision on the first two checkpoints (steps 0 and 1): VGG-11 lost its best run at epoch 1
         "DTGPruner n_warmup_steps=2 (data-free)": lambda: DTGPruner(
-            use_values=False, covariates=None, n_warmup_steps=2
+            use_values=False, covariates=None, n_warmup_steps=2, novelty_guard=False
         ),
         "DTGPruner n_warmup_steps=2+val_accuracy": lambda: DTGPruner(
-            use_values=True, covariates=None, value_leader=None, n_warmup_steps=2
+            use_values=True, covariates=None, value_leader=None, n_warmup_steps=2, novelty_guard=False
         ),
-        "DTGPruner folded (data-free)": lambda: DTGPruner(use_values=False, covariates=None, fold_batchnorm=True),
+        "DTGPruner folded (data-free)": lambda: DTGPruner(
+            use_values=False, covariates=None, fold_batchnorm=True, novelty_guard=False
+        ),
         "DTGPruner folded+val_accuracy": lambda: DTGPruner(
-            use_values=True, covariates=None, value_leader=None, fold_batchnorm=True
+            use_values=True, covariates=None, value_leader=None, fold_batchnorm=True, novelty_guard=False
         ),
         # the trial's hyper-parameters beside the checkpoints (known before it runs: still data-free);
         # the default since covariates="auto" (the replayed trials suggest lr and dropout: the same names)
-        "DTGPruner+covariates (data-free)": lambda: DTGPruner(use_values=False, covariates=["lr", "dropout"]),
+        "DTGPruner+covariates (data-free)": lambda: DTGPruner(
+            use_values=False, covariates=["lr", "dropout"], novelty_guard=False
+        ),
         "DTGPruner+covariates+val_accuracy": lambda: DTGPruner(
-            use_values=True, covariates=["lr", "dropout"], value_leader=None
+            use_values=True, covariates=["lr", "dropout"], value_leader=None, novelty_guard=False
         ),
         # the default of 2026-12-08: a run in the finished runs' top quarter by value is not the
         # checkpoints' to stop (between the median and the top quarter they may)
-        "DTGPruner+val_accuracy, value_leader=0.75": lambda: DTGPruner(use_values=True, value_leader=0.75),
+        "DTGPruner+val_accuracy, value_leader=0.75": lambda: DTGPruner(
+            use_values=True, value_leader=0.75, novelty_guard=False
+        ),
         # as it ships: covariates="auto" (lr and dropout here) and value_leader=0.5 (a run at or
         # above the finished runs' median value is not the checkpoints' to stop: the value decides)
         "DTGPruner+val_accuracy (default)": lambda: DTGPruner(use_values=True),
+        # as it ships, data-free: covariates="auto" and novelty_guard=True (a run unlike every
+        # finished run is not the online model's to stop)
+        "DTGPruner (data-free, default)": lambda: DTGPruner(use_values=False),
     }
     return m
 
@@ -493,6 +507,8 @@ COVARIATES = "DTGPruner+covariates (data-free)"
 COVARIATES_VALUE = "DTGPruner+covariates+val_accuracy"
 #: the with-value pruner as it ships (covariates="auto", value_leader=0.5)
 DEFAULT_VALUE = "DTGPruner+val_accuracy (default)"
+#: the data-free pruner as it ships (covariates="auto", novelty_guard=True)
+DEFAULT_FREE = "DTGPruner (data-free, default)"
 #: the with-value default of 2026-12-08 (value_leader=0.75), kept as a row of the pages
 LEADER_75 = "DTGPruner+val_accuracy, value_leader=0.75"
 #: the same pruners from the checkpoints alone (covariates=None; the default before "auto")
@@ -511,7 +527,8 @@ def goals(results: dict) -> list[str]:
     for name, res in results["sweeps"].items():
         m = res["methods"]
         plain = m.get(PLAIN)
-        free, val = m.get(COVARIATES), m.get(DEFAULT_VALUE) or m.get(COVARIATES_VALUE) or m.get(PLAIN_VALUE)
+        free = m.get(DEFAULT_FREE) or m.get(COVARIATES)
+        val = m.get(DEFAULT_VALUE) or m.get(COVARIATES_VALUE) or m.get(PLAIN_VALUE)
         if free is None:
             free, plain, fallback = plain, None, True
         med, cold = m.get("MedianPruner"), m.get("DTGPruner cold (data-free)")
@@ -549,8 +566,8 @@ def goals(results: dict) -> list[str]:
     rows_used = (
         "the rows without covariates (this page was replayed before they existed)"
         if fallback
-        else f"rows `{COVARIATES}` and `{DEFAULT_VALUE}` where replayed (else `{COVARIATES_VALUE}`, "
-        f"else `{PLAIN_VALUE}`)"
+        else f"rows `{DEFAULT_FREE}` (else `{COVARIATES}`) and `{DEFAULT_VALUE}` (else `{COVARIATES_VALUE}`, "
+        f"else `{PLAIN_VALUE}`), where replayed"
     )
     return [
         "## Goals",
@@ -583,7 +600,11 @@ def ranges(results: dict) -> list[str]:
         return []
     names = [
         *README_ROWS,
-        *(c for c in (COVARIATES, COVARIATES_VALUE, LEADER_75, DEFAULT_VALUE) if all(c in m for m in sweeps)),
+        *(
+            c
+            for c in (COVARIATES, COVARIATES_VALUE, LEADER_75, DEFAULT_VALUE, DEFAULT_FREE)
+            if all(c in m for m in sweeps)
+        ),
     ]
     lines = [
         f"## Over the {len(sweeps)} sweeps (the README's table)",

@@ -178,6 +178,11 @@ def test_early_stopping_ranges_span_the_sweeps_that_have_every_row():
     both["b"]["methods"][es.DEFAULT_VALUE] = row(0.9, 0.5, 0.0) | {"orderings": 20, "saved_ci95": 0, "regret_ci95": 0}
     b = next(line for line in es.goals({"sweeps": both}) if line.startswith("| b |"))
     assert "| 0.900 ± 0.000 / 0.0000 ± 0.0000 | 0.800 ± 0.010 / 0.0200 ± 0.0010 | met |" in b
+    # the data-free pruner as it ships (novelty guard) is the data-free goal row where replayed
+    both["b"]["methods"][es.DEFAULT_FREE] = row(0.52, 1.0, 0.0) | {"orderings": 20, "saved_ci95": 0, "regret_ci95": 0}
+    b = next(line for line in es.goals({"sweeps": both}) if line.startswith("| b |"))
+    assert b.startswith("| b | 100% [84%, 100%] | 0.520 ± 0.000 | met |")
+    both["b"]["methods"].pop(es.DEFAULT_FREE)
     both["b"]["methods"].pop(es.DEFAULT_VALUE)
     both["b"]["methods"].pop(es.COVARIATES)
     assert not any(es.COVARIATES in line for line in es.ranges({"sweeps": both}))
@@ -321,3 +326,22 @@ def test_default_choice_counts_check_sweeps_only_when_asked(tmp_path):
     doc = json.loads((tmp_path / "out" / "prediction_default_choice.json").read_text())
     assert doc["sweeps"] == ["lenet5-digits", "vgg11-digits", *CHECKS]
     assert set(doc["leave_one_sweep_out"]) == set(doc["sweeps"])
+
+
+def test_pruner_ceiling_table_reads_its_rows_fresh_or_from_json():
+    import json
+
+    import bench_pruner_ceiling as C
+
+    row = {
+        "sweep": "s",
+        "best": 0.99,
+        "lead_samples": 1.0,
+        "ceiling_p": 0.18,
+        "cut_plain": {10: 0.58, 20: 0.6, 40: 0.64},
+        "cut_guarded": {10: 0.5, 20: 0.6, 40: 0.64},
+        "peer_share": 0.35,
+    }
+    line = "| s | 0.9900 | 1 | 0.18 | 58% / 50% | 60% / 60% | 64% / 64% | 0.35 |"
+    assert line in C.table([row], "2026-12-08", 50)
+    assert line in C.table(json.loads(json.dumps([row])), "2026-12-08", 50)  # keys "10", "20", "40"

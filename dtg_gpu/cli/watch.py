@@ -35,6 +35,12 @@ def _watch_args(p: argparse.ArgumentParser) -> None:
         help="no verdict before --n-startup runs have finished (default: compare a run with its peers)",
     )
     p.add_argument(
+        "--no-novelty-guard",
+        dest="novelty_guard",
+        action="store_false",
+        help="let the learned model stop a run unlike every finished run (default: it does not)",
+    )
+    p.add_argument(
         "--threshold", default="median", help="sufficient: final accuracy >= 'median', 'qX' (e.g. q0.75) or a number"
     )
     p.add_argument(
@@ -86,6 +92,7 @@ def _watch_run(a: argparse.Namespace) -> int:
         use_values=False,
         fold_batchnorm=a.fold_batchnorm,
         warm_start=a.warm_start,
+        novelty_guard=a.novelty_guard,
         covariates=_covariates(a.covariates),
     )
     watcher = SweepWatcher(a.sweep, rule=rule, model=_build_user_model(a), device=a.device)

@@ -161,3 +161,20 @@ def test_watch_auto_covariates_read_the_grid_point_never_run_json_results(live, 
     capsys.readouterr()
     assert main(["watch", str(out), "--once", "--n-startup", "6", "--covariates", "auto", "lr"]) != 0
     assert "--covariates takes auto, none or hyper-parameter names" in capsys.readouterr().err
+
+
+def test_watch_novelty_guard_is_on_by_default_and_one_flag_away(live, monkeypatch):
+    import dtg_gpu.workflow.watch as workflow_watch
+
+    out, *_ = live
+    rules = []
+
+    class Spy(SweepWatcher):
+        def __init__(self, *a, **k):
+            rules.append(k["rule"])
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(workflow_watch, "SweepWatcher", Spy)  # the CLI imports it when it runs
+    assert main(["watch", str(out), "--once", "--n-startup", "6"]) == 0
+    assert main(["watch", str(out), "--once", "--n-startup", "6", "--no-novelty-guard"]) == 0
+    assert [r.novelty_guard for r in rules] == [True, False]
