@@ -13,6 +13,8 @@ $P$ at its checkpoints 2, 3 and 4 (the first quarter of training, where a pruner
   the rule would stop the best run at one of the three checkpoints (P < 0.3), without and with
   the novelty guard (``novelty_guard``). The online model of a replayed study sees 10 finished
   runs when it starts deciding; the share at n = 10 is its risk then;
+* *P at checkpoint 1*: the same as *all others*, at the first checkpoint alone (one snapshot, no
+  trajectory; the warm start cannot decide there, the model can);
 * *peer share*: the best run's smallest share of runs with a lower log-lambda growth over the
   three checkpoints (what the warm start decides on before 10 runs have finished).
 
@@ -72,6 +74,7 @@ def run_one(job: tuple[str, str, str, int]) -> dict:
     gap = float(finals[b] - np.sort(finals[np.isfinite(finals)])[-2])
     plain, guarded = StoppingRule(use_values=False, novelty_guard=False), StoppingRule(use_values=False)
     ceiling = best_run_p(plain, best, others)
+    first = plain._learned(best["records"][:1], None, others, best.get("params"))
     rng = np.random.default_rng(0)
     cut: dict[str, dict[int, float]] = {"plain": {}, "guarded": {}}
     for n in SIZES:
@@ -95,6 +98,7 @@ def run_one(job: tuple[str, str, str, int]) -> dict:
         "best": float(finals[b]),
         "lead_samples": gap / one if one > 0 else None,
         "ceiling_p": ceiling,
+        "first_p": first,
         "cut_plain": cut["plain"],
         "cut_guarded": cut["guarded"],
         "peer_share": min(shares) if shares else None,
@@ -115,10 +119,11 @@ def table(rows: list[dict], date: str, draws: int) -> str:
         "novelty guard). *Lead*: the best run's final accuracy over the runner-up's, in test samples (1: the "
         "smallest step between two runs' accuracies). *Peer share*: its smallest share of runs with lower "
         "log-lambda growth at checkpoints 2–4 (the warm start's test, before 10 runs finish: stopped below 0.3). "
+        "*P at checkpoint 1*: fitted on all other runs, at the first checkpoint alone. "
         "What each column means is in the script's docstring.",
         "",
-        "| sweep | best final | lead | P, all others | stopped, n = 10 | n = 20 | n = 40 | peer share |",
-        "|---|---|---|---|---|---|---|---|",
+        "| sweep | best final | lead | P, all others | stopped, n = 10 | n = 20 | n = 40 | P at checkpoint 1, all others | peer share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c, g = r["cut_plain"], r["cut_guarded"]
@@ -129,8 +134,9 @@ def table(rows: list[dict], date: str, draws: int) -> str:
         lead = "–" if r["lead_samples"] is None else f"{r['lead_samples']:.0f}"
         ceil = "–" if r["ceiling_p"] is None else f"{r['ceiling_p']:.2f}"
         peer = "–" if r["peer_share"] is None else f"{r['peer_share']:.2f}"
+        one = "–" if r.get("first_p") is None else f"{r['first_p']:.2f}"
         lines.append(
-            f"| {r['sweep']} | {r['best']:.4f} | {lead} | {ceil} | {cell(10)} | {cell(20)} | {cell(40)} | {peer} |"
+            f"| {r['sweep']} | {r['best']:.4f} | {lead} | {ceil} | {cell(10)} | {cell(20)} | {cell(40)} | {one} | {peer} |"
         )
     return "\n".join(lines) + "\n"
 

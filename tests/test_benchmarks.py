@@ -341,7 +341,8 @@ def test_pruner_ceiling_table_reads_its_rows_fresh_or_from_json():
         "cut_plain": {10: 0.58, 20: 0.6, 40: 0.64},
         "cut_guarded": {10: 0.5, 20: 0.6, 40: 0.64},
         "peer_share": 0.35,
+        "first_p": 0.05,
     }
-    line = "| s | 0.9900 | 1 | 0.18 | 58% / 50% | 60% / 60% | 64% / 64% | 0.35 |"
+    line = "| s | 0.9900 | 1 | 0.18 | 58% / 50% | 60% / 60% | 64% / 64% | 0.05 | 0.35 |"
     assert line in C.table([row], "2026-12-08", 50)
     assert line in C.table(json.loads(json.dumps([row])), "2026-12-08", 50)  # keys "10", "20", "40"
