@@ -244,7 +244,8 @@ class DTGPruner(optuna.pruners.BasePruner):
         completed trials on the value decides, as in `MedianPruner`),
         `covariates="auto"` (the trial's numeric `trial.params`, seeds left out, read by the
         online model beside the checkpoints; names such as `["lr", "dropout"]` read those,
-        `None` the checkpoints alone)); the study's direction is respected.
+        `None` the checkpoints alone), `novelty_guard=True` (the online model does not prune a
+        trial unlike every completed trial it was fitted on)); the study's direction is respected.
 
     Notes
     -----
