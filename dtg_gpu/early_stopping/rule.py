@@ -33,7 +33,7 @@ the value decides, as in `MedianPruner`, and the checkpoints decide before that,
 value is missing and where the weights stop being finite. Replayed on the suite's ten sweeps
 and five check sweeps this saves exactly `MedianPruner`'s share at its regret
 (`benchmarks/results/early_stopping_suite_ten.md`); letting the checkpoints stop runs ahead
-of the median saved up to 0.02 more and lost up to 0.0002 of mean regret on 3 of the 15.
+of the median saved up to 0.014 more and lost up to 0.0002 of mean regret on 3 of the 15.
 """
 
 from __future__ import annotations
@@ -226,9 +226,8 @@ class StoppingRule:
         to `value_median`. At 0.5 (the median test's own cut) the value decides once 5 runs
         have finished, as `MedianPruner` does; the checkpoints decide before that (the warm
         start), where a run's value is missing or not finite, and when its weights stop being
-        finite. Replayed
-        on the suite's ten sweeps and five check sweeps this saves exactly `MedianPruner`'s
-        share at its regret; 0.75 (the default of 2026-12-08, the checkpoints may stop a run
+        finite. Replayed on the suite's ten sweeps and five check sweeps this saves exactly
+        `MedianPruner`'s share at its regret; 0.75 (the default of 2026-12-08, the checkpoints may stop a run
         between the median and the top quarter) saves up to 0.014 more but lost up to 0.0002
         of mean regret on 3 of the 15 (`benchmarks/results/early_stopping_suite_ten.md`).
         `None`: off (the rule until 2026-12-08).
